@@ -1,0 +1,67 @@
+# lhc-ina: `make demo` and `make test` work from a clean clone; each creates .venv and installs what it needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Pinned so that machines holding the local CPU wheel use it instead of pulling CUDA packages.
+TORCH_SPEC ?= torch==2.13.0
+INSTALLED := $(VENV)/.installed
+P4C ?= p4c
+BF_P4C ?= bf-p4c
+P4_BUILD := build/p4
+TARGET ?= softswitch
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test lint bench p4 p4-constants p4-check system-deps clean
+
+venv: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: venv
+	$(PY) -m lhc_ina.demo
+
+test: venv p4-check
+	$(PY) -m ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check lhc_ina
+
+bench: venv
+	$(VENV)/bin/lhc-bench codec
+	$(VENV)/bin/lhc-bench switch --json
+
+# The P4 include generated from lhc_ina/constants.py (the single source of protocol constants).
+p4-constants:
+	$(PYTHON) -m lhc_ina.p4gen
+
+p4-check:
+	$(PYTHON) -m lhc_ina.p4gen --check
+
+p4: p4-constants
+	@if command -v $(P4C) >/dev/null; then \
+		mkdir -p $(P4_BUILD)/v1model && \
+		$(P4C) --target bmv2 --arch v1model -o $(P4_BUILD)/v1model \
+			--p4runtime-files $(P4_BUILD)/v1model/lhc.p4info.txtpb p4src/v1model/lhc.p4 && \
+		echo "v1model: $(P4_BUILD)/v1model/lhc.json"; \
+	else echo "p4c not found on PATH: the v1model program was not compiled"; fi
+	@if command -v $(BF_P4C) >/dev/null; then \
+		mkdir -p $(P4_BUILD)/tna && \
+		$(BF_P4C) --arch tna -o $(P4_BUILD)/tna p4src/tna/lhc.p4 && echo "tna: $(P4_BUILD)/tna"; \
+	else echo "bf-p4c not found on PATH: the TNA program was not compiled"; fi
+
+# Debian packages for the emulation tests (Mininet and friends); the tests that need them call this.
+system-deps:
+	@if [ "$$(id -u)" != 0 ]; then echo "system-deps needs root (apt-get)"; exit 1; fi
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mininet bridge-utils iputils-ping iproute2 ethtool
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Benchmarks behind `lhc-bench`: each prints one JSON object per measured case."""

@@ -1,0 +1,33 @@
+"""`lhc-bench SUITE [options]`: one entry point for every benchmark suite.
+
+Each suite is a module with ``add_arguments(parser)`` and ``run(args) -> int``; it is imported only
+when chosen, so one suite's dependencies never slow down or break another's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUITES = {
+    "codec": ("benchmarks.codec", "encode/decode speed and bytes on the wire vs memcpy and the info bound"),
+    "switch": ("benchmarks.switch", "softswitch packets and aggregated words per second over UDP"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="lhc-bench", description=__doc__.splitlines()[0])
+    suites_help = "; ".join(f"{name}: {about}" for name, (_, about) in SUITES.items())
+    parser.add_argument("suite", choices=sorted(SUITES), help=suites_help)
+    if not argv or argv[0] not in SUITES:
+        parser.parse_args(argv)  # prints usage and exits on a missing or unknown suite
+    module = importlib.import_module(SUITES[argv[0]][0])
+    suite_parser = argparse.ArgumentParser(prog=f"lhc-bench {argv[0]}", description=SUITES[argv[0]][1])
+    module.add_arguments(suite_parser)
+    return module.run(suite_parser.parse_args(argv[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Skip tests whose marker names something this machine lacks, with a reason that says what."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _missing(marker: str) -> str | None:
+    """Why tests with ``marker`` cannot run here, or None when they can."""
+    if marker == "root":
+        return None if os.geteuid() == 0 else "needs root (network namespaces, veth, AF_PACKET)"
+    if marker == "mininet":
+        return None if shutil.which("mn") else "needs Mininet: `make system-deps` installs it"
+    if marker == "bmv2":
+        return None if shutil.which("simple_switch_grpc") else "needs BMv2 simple_switch_grpc on PATH"
+    if marker == "p4c":
+        return None if shutil.which("p4c") else "needs the p4c compiler on PATH"
+    if marker == "gpu":
+        return None if _has_cuda() else "needs a CUDA device"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reasons: dict[str, str | None] = {}
+    for item in items:
+        for mark in item.iter_markers():
+            if mark.name not in reasons:
+                reasons[mark.name] = _missing(mark.name)
+            if reasons[mark.name]:
+                item.add_marker(pytest.mark.skip(reason=reasons[mark.name]))
+                break

@@ -1,0 +1,1 @@
+"""The lhc-ina controller: P4Runtime client, job store and the job service workers join."""
