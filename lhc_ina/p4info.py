@@ -94,7 +94,9 @@ class P4InfoIndex:
             t.preamble.name: Table(
                 id=t.preamble.id,
                 name=t.preamble.name,
-                match_fields=tuple(MatchField(m.id, m.name, m.bitwidth, m.match_type) for m in t.match_fields),
+                match_fields=tuple(
+                    MatchField(m.id, m.name, m.bitwidth, m.match_type) for m in t.match_fields
+                ),
                 action_ids=tuple(ref.id for ref in t.action_refs),
                 default_action_id=t.const_default_action_id,
                 const_default_action=t.const_default_action_id != 0,
@@ -102,7 +104,9 @@ class P4InfoIndex:
             )
             for t in p4info.tables
         }
-        self.counters = {c.preamble.name: Sized(c.preamble.id, c.preamble.name, c.size) for c in p4info.counters}
+        self.counters = {
+            c.preamble.name: Sized(c.preamble.id, c.preamble.name, c.size) for c in p4info.counters
+        }
         self.registers = {
             r.preamble.name: Sized(r.preamble.id, r.preamble.name, r.size, r.type_spec.bitstring.bit.bitwidth)
             for r in p4info.registers
