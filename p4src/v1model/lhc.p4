@@ -1,0 +1,350 @@
+// lhc-ina: in-network aggregation with lossless homomorphic compression, for BMv2 simple_switch_grpc.
+//
+// The contract (names, keys, actions, per-packet semantics) is docs/switch.md; the wire format is
+// docs/protocol.md; the constants come from p4src/shared/constants.p4, generated from
+// lhc_ina/constants.py. All stateful work happens in ingress inside one @atomic block.
+//
+// Per-lane code is written once as a macro and expanded for every lane by LHC_FOR_EACH_LANE: p4c's bmv2
+// backend keeps a single iteration of a `for` loop in a control, so there is none here.
+#include <core.p4>
+#include <v1model.p4>
+
+#include "../shared/headers.p4"
+
+struct lhc_metadata_t {
+    bit<8>  job_index;   // row of lhc_stats; 0 until `jobs` hits
+    bit<16> slot_base;   // the job's first register slot
+    bit<16> slot_count;  // the job's slots: 0 <= hdr.lhc.slot < slot_count
+    bit<8>  fan_in;      // workers per aggregation (W)
+    bit<16> mcast_grp;   // PRE group with one replica per worker (instance = rank)
+    bit<16> epoch;       // the job's current epoch
+    bit<32> worker_bit;  // 1 << rank, from `workers`
+}
+
+parser LhcParser(packet_in packet,
+                 out lhc_headers_t hdr,
+                 inout lhc_metadata_t meta,
+                 inout standard_metadata_t standard_metadata) {
+    state start {
+        transition parse_ethernet;
+    }
+
+#include "../shared/parser.p4"
+}
+
+control LhcVerifyChecksum(inout lhc_headers_t hdr, inout lhc_metadata_t meta) {
+    apply { }
+}
+
+// Lane macros, expanded for every lane by LHC_FOR_EACH_LANE. `vbase` is cell * LANES.
+// Read the stored value of lane L into the packet (a retransmitted result).
+#define LHC_READ_LANE(L) slot_values.read(hdr.payload.w##L, vbase + L);
+// First contribution of a round: the packet's word becomes the stored value.
+#define LHC_FIRST_LANE(L) slot_values.write(vbase + L, hdr.payload.w##L);
+// Later contributions: stored (+) word, modulo 2^32 (bit<32> addition wraps, never saturates).
+#define LHC_ADD_LANE(L) {                                   \
+        bit<32> v;                                          \
+        slot_values.read(v, vbase + L);                     \
+        hdr.payload.w##L = v + hdr.payload.w##L;            \
+        slot_values.write(vbase + L, hdr.payload.w##L);     \
+    }
+// Later contributions: stored (|) word.
+#define LHC_OR_LANE(L) {                                    \
+        bit<32> v;                                          \
+        slot_values.read(v, vbase + L);                     \
+        hdr.payload.w##L = v | hdr.payload.w##L;            \
+        slot_values.write(vbase + L, hdr.payload.w##L);     \
+    }
+
+control LhcIngress(inout lhc_headers_t hdr,
+                   inout lhc_metadata_t meta,
+                   inout standard_metadata_t standard_metadata) {
+
+    // One cell per (job index, outcome): cell job_index * NUM_STATS + Stat.
+    counter(LHC_STATS_CELLS, CounterType.packets_and_bytes) lhc_stats;
+
+    // Per slot copy, cell = (slot_base + slot) * SLOT_COPIES + ver.
+    register<bit<16>>(LHC_SLOT_CELLS) slot_epoch;
+    register<bit<32>>(LHC_SLOT_CELLS) slot_bitmap;
+    register<bit<8>>(LHC_SLOT_CELLS) slot_remaining;
+    // Per slot copy and lane: cell * LANES + lane.
+    register<bit<32>>(LHC_VALUE_CELLS) slot_values;
+
+    action drop() {
+        mark_to_drop(standard_metadata);
+    }
+
+    // --- L2/L3 forwarding of everything that is not lhc --------------------------------------------
+    action set_port(bit<9> port) {
+        standard_metadata.egress_spec = port;
+    }
+
+    action route(bit<9> port, bit<48> src_mac, bit<48> dst_mac) {
+        standard_metadata.egress_spec = port;
+        hdr.ethernet.src_addr = src_mac;
+        hdr.ethernet.dst_addr = dst_mac;
+        hdr.ipv4.ttl = hdr.ipv4.ttl - 1;
+    }
+
+    table ipv4_routes {
+        key = {
+            hdr.ipv4.dst_addr: lpm;
+        }
+        actions = {
+            route;
+            @defaultonly drop;
+        }
+        const default_action = drop();
+        size = 1024;
+    }
+
+    table l2_forward {
+        key = {
+            hdr.ethernet.dst_addr: exact;
+        }
+        actions = {
+            set_port;
+            @defaultonly drop;
+        }
+        const default_action = drop();
+        size = 1024;
+    }
+
+    // --- lhc admission -----------------------------------------------------------------------------
+    action set_job(bit<8> job_index, bit<16> slot_base, bit<16> slot_count, bit<8> fan_in,
+                   bit<16> mcast_grp, bit<16> epoch) {
+        meta.job_index = job_index;
+        meta.slot_base = slot_base;
+        meta.slot_count = slot_count;
+        meta.fan_in = fan_in;
+        meta.mcast_grp = mcast_grp;
+        meta.epoch = epoch;
+    }
+
+    action unknown_job() {
+        meta.job_index = 0;
+    }
+
+    table jobs {
+        key = {
+            hdr.lhc.job_id: exact;
+        }
+        actions = {
+            set_job;
+            @defaultonly unknown_job;
+        }
+        const default_action = unknown_job();
+        size = LHC_MAX_JOBS;
+    }
+
+    action admit_worker(bit<32> worker_bit) {
+        meta.worker_bit = worker_bit;
+    }
+
+    action reject_worker() {
+        meta.worker_bit = 0;
+    }
+
+    table workers {
+        key = {
+            hdr.lhc.job_id: exact;
+            hdr.lhc.worker_id: exact;
+            hdr.ipv4.src_addr: exact;
+        }
+        actions = {
+            admit_worker;
+            @defaultonly reject_worker;
+        }
+        const default_action = reject_worker();
+        size = 2048;
+    }
+
+    apply {
+        bool is_lhc = hdr.udp.isValid() && (hdr.udp.dst_port & LHC_UDP_PORT_MASK) == LHC_UDP_PORT_BASE;
+        if (is_lhc) {
+            bit<32> stat;
+            meta.job_index = 0;
+            if (standard_metadata.parser_error != error.NoError || !hdr.payload.isValid()
+                    || hdr.udp.length != LHC_UDP_LENGTH
+                    || hdr.ipv4.total_len != LHC_IPV4_TOTAL_LENGTH
+                    || hdr.lhc.flags != 0) {
+                stat = LHC_STAT_DROP_MALFORMED;
+            } else if (hdr.lhc.msg_type != LHC_TYPE_DATA) {
+                stat = LHC_STAT_DROP_BAD_TYPE;
+            } else if (hdr.lhc.op != LHC_OP_ADD && hdr.lhc.op != LHC_OP_OR) {
+                stat = LHC_STAT_DROP_BAD_OP;
+            } else if (!jobs.apply().hit) {
+                stat = LHC_STAT_DROP_UNKNOWN_JOB;
+            } else if (hdr.lhc.epoch != meta.epoch) {
+                stat = LHC_STAT_DROP_STALE_EPOCH;
+            } else if (hdr.lhc.slot >= meta.slot_count
+                    || (bit<32>)meta.slot_base + (bit<32>)hdr.lhc.slot >= LHC_MAX_SLOTS) {
+                stat = LHC_STAT_DROP_SLOT_RANGE;
+            } else if (!workers.apply().hit) {
+                stat = LHC_STAT_DROP_BAD_WORKER;
+            } else {
+                @atomic {
+                    bit<32> cell = ((bit<32>)meta.slot_base + (bit<32>)hdr.lhc.slot) * LHC_SLOT_COPIES
+                                   + (bit<32>)hdr.lhc.ver;
+                    bit<32> other = cell ^ 1;  // SLOT_COPIES == 2: the other shadow copy
+                    bit<32> vbase = cell * LHC_LANES;
+                    bit<16> cell_epoch;
+                    bit<32> bitmap;
+                    bit<8> remaining;
+                    slot_epoch.read(cell_epoch, cell);
+                    if (cell_epoch != hdr.lhc.epoch) {
+                        // Lazy reset of this copy; the other copy resets on its own epoch check.
+                        slot_epoch.write(cell, hdr.lhc.epoch);
+                        slot_bitmap.write(cell, 0);
+                        slot_remaining.write(cell, 0);
+                        bitmap = 0;
+                        remaining = 0;
+                    } else {
+                        slot_bitmap.read(bitmap, cell);
+                        slot_remaining.read(remaining, cell);
+                    }
+                    if ((bitmap & meta.worker_bit) != 0) {
+                        if (remaining == 0) {
+                            // Duplicate of a finished copy: send the result back to the sender.
+                            LHC_FOR_EACH_LANE(LHC_READ_LANE)
+                            hdr.lhc.msg_type = LHC_TYPE_RESULT_RETX;
+                            hdr.lhc.bitmap = bitmap;
+                            bit<48> mac = hdr.ethernet.src_addr;
+                            hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+                            hdr.ethernet.dst_addr = mac;
+                            bit<32> addr = hdr.ipv4.src_addr;
+                            hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+                            hdr.ipv4.dst_addr = addr;
+                            bit<16> port = hdr.udp.src_port;
+                            hdr.udp.src_port = hdr.udp.dst_port;
+                            hdr.udp.dst_port = port;
+                            hdr.udp.checksum = 0;
+                            standard_metadata.egress_spec = standard_metadata.ingress_port;
+                            stat = LHC_STAT_RETX;
+                        } else {
+                            stat = LHC_STAT_DROP_DUPLICATE;
+                        }
+                    } else {
+                        // The worker holds the other copy's result: that copy no longer owes it one.
+                        bit<32> other_bitmap;
+                        slot_bitmap.read(other_bitmap, other);
+                        slot_bitmap.write(other, other_bitmap & ~meta.worker_bit);
+                        if (remaining == 0) {
+                            LHC_FOR_EACH_LANE(LHC_FIRST_LANE)
+                            bitmap = meta.worker_bit;
+                            remaining = meta.fan_in - 1;
+                        } else if (hdr.lhc.op == LHC_OP_ADD) {
+                            LHC_FOR_EACH_LANE(LHC_ADD_LANE)
+                            bitmap = bitmap | meta.worker_bit;
+                            remaining = remaining - 1;
+                        } else {
+                            LHC_FOR_EACH_LANE(LHC_OR_LANE)
+                            bitmap = bitmap | meta.worker_bit;
+                            remaining = remaining - 1;
+                        }
+                        slot_bitmap.write(cell, bitmap);
+                        slot_remaining.write(cell, remaining);
+                        if (remaining == 0) {
+                            // The last contribution: the packet becomes the result, multicast to the job.
+                            hdr.lhc.msg_type = LHC_TYPE_RESULT;
+                            hdr.lhc.bitmap = bitmap;
+                            hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+                            hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+                            hdr.udp.src_port = hdr.udp.dst_port;
+                            hdr.udp.checksum = 0;
+                            standard_metadata.mcast_grp = meta.mcast_grp;
+                            stat = LHC_STAT_RESULT;
+                        } else {
+                            stat = LHC_STAT_ABSORBED;
+                        }
+                    }
+                }
+            }
+            lhc_stats.count((bit<32>)meta.job_index * LHC_NUM_STATS + stat);
+            if (stat != LHC_STAT_RESULT && stat != LHC_STAT_RETX) {
+                drop();
+            }
+        } else if (standard_metadata.parser_error != error.NoError) {
+            // Not recognisably lhc and cut short before its UDP header: nothing to forward.
+            drop();
+        } else if (hdr.ipv4.isValid()) {
+            if (hdr.ipv4.ttl <= 1) {
+                drop();
+            } else {
+                ipv4_routes.apply();
+            }
+        } else {
+            l2_forward.apply();
+        }
+    }
+}
+
+control LhcEgress(inout lhc_headers_t hdr,
+                  inout lhc_metadata_t meta,
+                  inout standard_metadata_t standard_metadata) {
+
+    // One multicast copy of a RESULT, addressed to the worker of rank egress_rid.
+    action set_replica_dst(bit<48> dst_mac, bit<32> dst_addr, bit<16> dst_port) {
+        hdr.ethernet.dst_addr = dst_mac;
+        hdr.ipv4.dst_addr = dst_addr;
+        hdr.udp.dst_port = dst_port;
+    }
+
+    action drop_replica() {
+        mark_to_drop(standard_metadata);
+    }
+
+    table replicas {
+        key = {
+            hdr.lhc.job_id: exact;
+            standard_metadata.egress_rid: exact;
+        }
+        actions = {
+            set_replica_dst;
+            @defaultonly drop_replica;
+        }
+        const default_action = drop_replica();
+        size = 2048;
+    }
+
+    apply {
+        if (hdr.lhc.isValid() && hdr.lhc.msg_type == LHC_TYPE_RESULT) {
+            replicas.apply();
+        }
+    }
+}
+
+control LhcComputeChecksum(inout lhc_headers_t hdr, inout lhc_metadata_t meta) {
+    apply {
+        update_checksum(
+            hdr.ipv4.isValid(),
+            {
+                hdr.ipv4.version,
+                hdr.ipv4.ihl,
+                hdr.ipv4.diffserv,
+                hdr.ipv4.total_len,
+                hdr.ipv4.identification,
+                hdr.ipv4.flags,
+                hdr.ipv4.frag_offset,
+                hdr.ipv4.ttl,
+                hdr.ipv4.protocol,
+                hdr.ipv4.src_addr,
+                hdr.ipv4.dst_addr
+            },
+            hdr.ipv4.hdr_checksum,
+            HashAlgorithm.csum16);
+    }
+}
+
+control LhcDeparser(packet_out packet, in lhc_headers_t hdr) {
+    apply {
+        packet.emit(hdr.ethernet);
+        packet.emit(hdr.ipv4);
+        packet.emit(hdr.udp);
+        packet.emit(hdr.lhc);
+        packet.emit(hdr.payload);
+    }
+}
+
+V1Switch(LhcParser(), LhcVerifyChecksum(), LhcIngress(), LhcEgress(), LhcComputeChecksum(),
+         LhcDeparser()) main;
