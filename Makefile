@@ -31,7 +31,6 @@ test: venv p4-check
 
 lint: venv
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check lhc_ina
 
 bench: venv
 	$(VENV)/bin/lhc-bench codec
