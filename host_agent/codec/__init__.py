@@ -1,0 +1,31 @@
+"""Lossless homomorphic compression for in-network aggregation (DESIGN §1).
+
+Each worker marks its nonzero items in an OR-aggregated index (exact bitmap or blocked Bloom filter)
+and adds its quantized values into an ADD-aggregated partitioned Count Sketch (``sketch`` mode), or sends
+them densely over the agreed candidates (``union`` mode), or sends the whole bucket (``dense``). Every
+worker decodes the same aggregate by parallel peeling; what peeling cannot recover is sent once more,
+exactly. The result is the sum of the workers' integers, bit for bit; floats are quantized with one
+agreed power-of-two scale (error bound in :mod:`.quantize`).
+
+Public API: :func:`aggregate_local` (in-process, for users, tests and benchmarks) and
+:class:`WorkerSession` (one worker, driven by a transport).
+"""
+
+from .local import AggregateResult, aggregate_local, reduce_words
+from .quantize import int_bound
+from .session import MODES, CodecState, Message, WorkerResult, WorkerSession
+from .sketch import DEFAULT_MARGIN, PEEL_THRESHOLD
+
+__all__ = [
+    "DEFAULT_MARGIN",
+    "MODES",
+    "PEEL_THRESHOLD",
+    "AggregateResult",
+    "CodecState",
+    "Message",
+    "WorkerResult",
+    "WorkerSession",
+    "aggregate_local",
+    "int_bound",
+    "reduce_words",
+]

@@ -1,0 +1,190 @@
+"""The item index: which items any worker holds, aggregated by OR.
+
+Two layouts, both OR-mergeable, chosen per round by the byte cost they imply:
+
+- ``bitmap``: one bit per item (``n_items`` bits). Exact: the candidates are exactly the union.
+- ``bloom``: a pattern-blocked Bloom filter. An item hashes to one 32-bit word and to one of 4096
+  precomputed patterns of ``k`` distinct bits; inserting ORs the pattern into the word, a query is one
+  load and one compare. False positives become extra candidates whose values are zero.
+
+Sizing minimises the whole round's bytes, not the filter's alone: ``index bytes + expected false
+positives * bytes per candidate`` (4 * block bytes in union mode, times the sketch's cells per candidate
+in sketch mode), over a grid of filter sizes and ``k``, against the bitmap's fixed ``n_items / 8``. The
+false-positive model is computed exactly for this layout (Poisson word occupancy, exact distribution of
+the set bits in a word), in pure Python so that every worker takes the same decision.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .bits import pack_bits, set_bits, words_from_positions
+from .hashing import hash_items, mix32, reduce_range
+
+PATTERN_BITS = 12
+_PATTERNS = 1 << PATTERN_BITS
+_MAX_K = 12
+_QUERY_CHUNK = 1 << 22
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """The agreed layout of one round's index (identical on every worker)."""
+
+    kind: str  # "bitmap" or "bloom"
+    n_items: int
+    words: int
+    k: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("bitmap", "bloom"):
+            raise ValueError(f"unknown index kind {self.kind!r}")
+
+
+def bitmap_spec(n_items: int) -> IndexSpec:
+    """The exact bitmap over ``n_items`` items."""
+    return IndexSpec("bitmap", n_items, (n_items + 31) // 32)
+
+
+@functools.cache
+def _fp_by_occupancy(k: int, max_items: int) -> tuple[float, ...]:
+    """P(a random k-bit pattern is covered by a word holding j items' patterns), j = 0..max_items.
+
+    Markov chain over the number of set bits s in the word: one more item's k distinct bits overlap s set
+    bits hypergeometrically. A query is covered with probability C(s, k) / C(32, k).
+    """
+    total = math.comb(32, k)
+    dist = [1.0] + [0.0] * 32
+    out = []
+    for _ in range(max_items + 1):
+        out.append(sum(p * math.comb(s, k) for s, p in enumerate(dist)) / total)
+        nxt = [0.0] * 33
+        for s, p in enumerate(dist):
+            if p == 0.0:
+                continue
+            for overlap in range(max(0, k - (32 - s)), min(k, s) + 1):
+                ways = math.comb(s, overlap) * math.comb(32 - s, k - overlap)
+                nxt[s + k - overlap] += p * ways / total
+        dist = nxt
+    return tuple(out)
+
+
+def bloom_fp_rate(items: int, words: int, k: int) -> float:
+    """Expected false-positive probability of the pattern-blocked filter for a non-member item."""
+    if items <= 0:
+        return 0.0
+    lam = items / words
+    top = int(lam + 12 * math.sqrt(lam) + 24)
+    table = _fp_by_occupancy(k, top)
+    p = math.exp(-lam)  # Poisson(lam) at j = 0
+    rate = 0.0
+    for j in range(top + 1):
+        rate += p * table[j]
+        p *= lam / (j + 1)
+    return min(rate, 1.0)
+
+
+@functools.lru_cache(maxsize=1)
+def _fp_grid() -> dict[tuple[int, int], float]:
+    """False-positive rate for each (tenths of a bit per item, k) on the search grid, computed once."""
+    return {
+        (tenths, k): bloom_fp_rate(320, tenths, k)  # 320 items in `tenths` words: tenths/10 bits per item
+        for tenths in range(20, 481, 5)
+        for k in range(1, _MAX_K + 1)
+    }
+
+
+def choose_index(
+    n_items: int, expected_items: int, bytes_per_candidate: float, seed: int, kind: str = "auto"
+) -> IndexSpec:
+    """The index layout that minimises index bytes + expected false-positive candidates' bytes.
+
+    ``kind`` forces "bitmap" or "bloom"; "auto" compares both.
+    """
+    bitmap = bitmap_spec(n_items)
+    if kind == "bitmap":
+        return bitmap
+    if kind not in ("bloom", "auto"):
+        raise ValueError(f"index must be 'auto', 'bitmap' or 'bloom', not {kind!r}")
+    items = max(1, min(expected_items, n_items))
+    outside = n_items - items
+    best: tuple[float, IndexSpec] | None = None
+    for (tenths, k), rate in _fp_grid().items():
+        words = max(1, math.ceil(items * tenths / 320))
+        cost = 4 * words + rate * outside * bytes_per_candidate
+        if best is None or cost < best[0]:
+            best = (cost, IndexSpec("bloom", n_items, words, k, seed))
+    assert best is not None
+    if kind == "bloom" or best[0] < 4 * bitmap.words:
+        return best[1]
+    return bitmap
+
+
+def expected_false_positives(spec: IndexSpec, items: int) -> float:
+    """Expected candidates beyond the true items under ``spec``."""
+    if spec.kind == "bitmap":
+        return 0.0
+    return bloom_fp_rate(items, spec.words, spec.k) * max(0, spec.n_items - items)
+
+
+@functools.lru_cache(maxsize=64)
+def _patterns(seed: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(masks int32 [4096], bit positions int64 [4096, k]): 4096 random patterns of k distinct bits."""
+    keys = mix32(torch.arange(_PATTERNS * 32, dtype=torch.int64, device=device).bitwise_xor_(seed))
+    order = torch.argsort(keys.view(_PATTERNS, 32), dim=1, stable=True)[:, :k]
+    masks = torch.bitwise_left_shift(1, order).sum(dim=1)
+    masks = torch.where(masks >= 1 << 31, masks - (1 << 32), masks).to(torch.int32)
+    return masks, order
+
+
+def _bloom_slots(spec: IndexSpec, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(word, pattern number) of each item."""
+    h = hash_items(items, spec.seed)
+    pattern = torch.bitwise_and(h, _PATTERNS - 1)
+    word = reduce_range(h, spec.words)
+    return word, pattern
+
+
+def encode_index(spec: IndexSpec, items: torch.Tensor) -> torch.Tensor:
+    """This worker's index words (int32) for its sorted, distinct item numbers."""
+    if spec.kind == "bitmap":
+        return words_from_positions(items, spec.words)
+    word, pattern = _bloom_slots(spec, items)
+    _, positions = _patterns(spec.seed, spec.k, items.device)
+    flags = torch.zeros(spec.words * 32, dtype=torch.bool, device=items.device)
+    flags[(word * 32).unsqueeze(1) + positions[pattern]] = True
+    return pack_bits(flags)
+
+
+def query_index(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
+    """Sorted candidate item numbers (int64) of an aggregated index: every item that may be held."""
+    if spec.kind == "bitmap":
+        positions = set_bits(words)
+        return positions[positions < spec.n_items] if positions.numel() else positions
+    masks, _ = _patterns(spec.seed, spec.k, words.device)
+    found = []
+    for start in range(0, spec.n_items, _QUERY_CHUNK):
+        ids = torch.arange(start, min(start + _QUERY_CHUNK, spec.n_items), device=words.device)
+        word, pattern = _bloom_slots(spec, ids)
+        mask = masks[pattern]
+        hit = torch.bitwise_and(words[word], mask) == mask
+        found.append(torch.nonzero(hit).squeeze(1).add_(start))
+    if not found:
+        return torch.zeros(0, dtype=torch.int64, device=words.device)
+    return torch.cat(found)
+
+
+__all__ = [
+    "IndexSpec",
+    "bitmap_spec",
+    "bloom_fp_rate",
+    "choose_index",
+    "encode_index",
+    "expected_false_positives",
+    "query_index",
+]

@@ -1,0 +1,63 @@
+"""Items: groups of ``block`` consecutive elements, the unit the index and the sketch work on.
+
+A bucket of n elements has ceil(n / block) items; the last one may be short and is then read and written
+as if padded with zeros, without ever copying the bucket to pad it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .bits import nonzero_positions
+
+
+def item_count(n: int, block: int) -> int:
+    return (n + block - 1) // block
+
+
+def nonzero_items(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Sorted item numbers (int64) of the items of ``x`` holding any nonzero (or NaN) element."""
+    elements = nonzero_positions(x)
+    if block == 1:
+        return elements
+    return torch.unique_consecutive(torch.div(elements, block, rounding_mode="floor"))
+
+
+def support_items(support: torch.Tensor, n: int, block: int) -> torch.Tensor:
+    """Sorted distinct item numbers of a known support (element indices of every nonzero)."""
+    if support.dim() != 1 or support.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"support must be a 1-D int64/int32 tensor of element indices, not {support.dtype}")
+    support = support.to(torch.int64)
+    if support.numel() and (int(support.min()) < 0 or int(support.max()) >= n):
+        raise ValueError(f"support holds element indices outside [0, {n})")
+    return torch.unique(torch.div(support, block, rounding_mode="floor"))
+
+
+def gather_items(x: torch.Tensor, items: torch.Tensor, block: int) -> torch.Tensor:
+    """(K, block) rows of ``x`` for sorted ``items``; the short last item is zero-padded."""
+    n = x.numel()
+    full = n // block
+    if block == 1:
+        return x[items].unsqueeze(1)
+    rows = x[: full * block].view(full, block)
+    if full * block == n or items.numel() == 0 or int(items[-1]) < full:
+        return rows[items]
+    out = torch.zeros((items.numel(), block), dtype=x.dtype, device=x.device)
+    out[:-1] = rows[items[:-1]]
+    tail = x[full * block :]
+    out[-1, : tail.numel()] = tail
+    return out
+
+
+def scatter_items(out: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, block: int) -> None:
+    """Write (K, block) ``rows`` into ``out`` at sorted ``items`` (the short last item is truncated)."""
+    n = out.numel()
+    full = n // block
+    if block == 1:
+        out[items] = rows.view(-1)
+        return
+    if full * block == n or items.numel() == 0 or int(items[-1]) < full:
+        out[: full * block].view(full, block)[items] = rows
+        return
+    out[: full * block].view(full, block)[items[:-1]] = rows[:-1]
+    out[full * block :] = rows[-1, : n - full * block]

@@ -1,0 +1,109 @@
+"""``aggregate_local``: the whole multi-worker protocol in one process, with an in-memory switch.
+
+It drives one :class:`WorkerSession` per input and reduces each step exactly as the switch does (ADD:
+int32 sum mod 2^32; OR: bitwise or). Users run it to see what LHC would save on their own gradients;
+tests and benchmarks use it. It also checks that every worker decoded the same total, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from lhc_ina.constants import MAX_WORKERS, Op
+
+from .arith import add_int32, or_int32
+from .session import CodecState, WorkerResult, WorkerSession, _check_input
+
+
+@dataclass
+class AggregateResult:
+    total: torch.Tensor  # the sum of the inputs, in their dtype
+    stats: dict  # worker 0's stats, with encode_s / decode_s averaged over workers (and listed per worker)
+    state: CodecState  # pass to the next aggregate_local of the same bucket
+    workers: list[WorkerResult]
+
+
+def reduce_words(op: Op, words: Sequence[torch.Tensor]) -> torch.Tensor:
+    """What the switch does to one step's words of all workers."""
+    return add_int32(list(words)) if op == Op.ADD else or_int32(list(words))
+
+
+def _check_inputs(inputs: Sequence[torch.Tensor]) -> None:
+    if not isinstance(inputs, (list, tuple)) or not inputs:
+        raise ValueError("inputs must be a non-empty list of 1-D tensors, one per worker")
+    if len(inputs) > MAX_WORKERS:
+        raise ValueError(f"{len(inputs)} workers: at most {MAX_WORKERS} are supported")
+    for x in inputs:
+        _check_input(x)
+    first = inputs[0]
+    for rank, x in enumerate(inputs):
+        if x.dtype != first.dtype:
+            raise TypeError(f"worker {rank} has dtype {x.dtype}, worker 0 has {first.dtype}")
+        if x.numel() != first.numel():
+            raise ValueError(f"worker {rank} has {x.numel()} elements, worker 0 has {first.numel()}")
+        if x.device != first.device:
+            raise ValueError(f"worker {rank} is on {x.device}, worker 0 on {first.device}")
+
+
+def aggregate_local(
+    inputs: Sequence[torch.Tensor],
+    mode: str = "sketch",
+    block: int = 1,
+    *,
+    state: CodecState | None = None,
+    supports: Sequence[torch.Tensor] | None = None,
+    outs: Sequence[torch.Tensor] | None = None,
+    **options,
+) -> AggregateResult:
+    """Aggregate one bucket over ``len(inputs)`` in-process workers; ``total`` is exactly their sum.
+
+    ``inputs``: equal-length 1-D int32 or float32 tensors (float16/bfloat16 work too), one per worker.
+    ``mode``: "sketch", "union" or "dense". ``block``: elements per item. ``state``: the previous
+    round's ``result.state`` for this bucket (sizes the index and sketch, and the scale, from it).
+    ``supports``: per worker, the element indices of its nonzeros, if known (encoding is then O(nnz)).
+    ``outs``: per worker, a preallocated output (may be the input itself). Other ``options`` go to
+    :class:`WorkerSession` (``expected_items``, ``margin``, ``headroom``, ``seed``, ``index``,
+    ``cells``, ``timing``).
+    """
+    _check_inputs(inputs)
+    world = len(inputs)
+    if supports is not None and len(supports) != world:
+        raise ValueError("supports must hold one tensor per worker")
+    if outs is not None and len(outs) != world:
+        raise ValueError("outs must hold one tensor per worker")
+    sessions = [
+        WorkerSession(
+            x,
+            rank,
+            world,
+            mode=mode,
+            block=block,
+            state=state,
+            support=None if supports is None else supports[rank],
+            out=None if outs is None else outs[rank],
+            **options,
+        )
+        for rank, x in enumerate(inputs)
+    ]
+    while True:
+        msgs = [s.next_message() for s in sessions]
+        if all(m is None for m in msgs):
+            break
+        if any(m is None or m.op != msgs[0].op or m.words.numel() != msgs[0].words.numel() for m in msgs):
+            raise RuntimeError("workers disagree on the protocol step (a codec bug)")
+        agg = reduce_words(msgs[0].op, [m.words for m in msgs])  # type: ignore[union-attr]
+        for s in sessions:
+            s.receive(agg)
+    results = [s.result() for s in sessions]
+    for rank, r in enumerate(results[1:], start=1):
+        if not torch.equal(r.total, results[0].total) or r.state != results[0].state:
+            raise RuntimeError(f"worker {rank} decoded a different total than worker 0 (a codec bug)")
+    stats = dict(results[0].stats)
+    stats["encode_s_per_worker"] = [r.stats["encode_s"] for r in results]
+    stats["decode_s_per_worker"] = [r.stats["decode_s"] for r in results]
+    stats["encode_s"] = sum(stats["encode_s_per_worker"]) / world
+    stats["decode_s"] = sum(stats["decode_s_per_worker"]) / world
+    return AggregateResult(results[0].total, stats, results[0].state, results)
