@@ -621,4 +621,3 @@ class P4RuntimeClient:
         """Cells of a counter by index: one cell, or all of them with ``index`` None."""
         cells = [e.counter_entry for e in self.read(self._builder().counter_entry(counter, index))]
         return {c.index.index: CounterValue(c.data.packet_count, c.data.byte_count) for c in cells}
-

@@ -116,8 +116,9 @@ def test_lpm_match_forms(lhc: EntityBuilder, spec: object) -> None:
 
 def test_lpm_prefix_zero_is_left_out_and_host_bits_are_refused(lhc: EntityBuilder) -> None:
     route = {"port": 1, "src_mac": 1, "dst_mac": 2}
-    assert not lhc.table_entry("LhcIngress.ipv4_routes", {"hdr.ipv4.dst_addr": "0.0.0.0/0"},
-                               "LhcIngress.route", route).match
+    assert not lhc.table_entry(
+        "LhcIngress.ipv4_routes", {"hdr.ipv4.dst_addr": "0.0.0.0/0"}, "LhcIngress.route", route
+    ).match
     with pytest.raises(P4RuntimeValueError, match="beyond the /16 prefix"):
         lhc.table_entry(ROUTES, {"hdr.ipv4.dst_addr": "10.1.2.0/16"}, "LhcIngress.route", route)
     with pytest.raises(P4RuntimeValueError, match=r"outside 0\.\.32"):
@@ -146,19 +147,48 @@ def test_match_width_is_checked(lhc: EntityBuilder) -> None:
         ("LhcIngress.jobs", {"hdr.lhc.jobid": 1}, None, None, P4InfoError, "no match field 'hdr.lhc.jobid'"),
         ("LhcIngress.jobs", {}, None, None, P4RuntimeValueError, "field 'hdr.lhc.job_id' is required"),
         ("LhcIngress.jobs", {"hdr.lhc.job_id": 1}, "LhcIngress.nope", {}, P4InfoError, "no action named"),
-        ("LhcIngress.jobs", {"hdr.lhc.job_id": 1}, "LhcIngress.set_port", {"port": 1}, P4InfoError,
-         "not an action of table LhcIngress.jobs"),
-        (L2, {"hdr.ethernet.dst_addr": 1}, "LhcIngress.set_port", {"prot": 1}, P4InfoError,
-         "has no parameter 'prot'"),
-        (L2, {"hdr.ethernet.dst_addr": 1}, "LhcIngress.set_port", {}, P4RuntimeValueError,
-         "missing parameter"),
-        (L2, {"hdr.ethernet.dst_addr": 1}, None, {"port": 1}, P4RuntimeValueError,
-         "params given without an action"),
+        (
+            "LhcIngress.jobs",
+            {"hdr.lhc.job_id": 1},
+            "LhcIngress.set_port",
+            {"port": 1},
+            P4InfoError,
+            "not an action of table LhcIngress.jobs",
+        ),
+        (
+            L2,
+            {"hdr.ethernet.dst_addr": 1},
+            "LhcIngress.set_port",
+            {"prot": 1},
+            P4InfoError,
+            "has no parameter 'prot'",
+        ),
+        (
+            L2,
+            {"hdr.ethernet.dst_addr": 1},
+            "LhcIngress.set_port",
+            {},
+            P4RuntimeValueError,
+            "missing parameter",
+        ),
+        (
+            L2,
+            {"hdr.ethernet.dst_addr": 1},
+            None,
+            {"port": 1},
+            P4RuntimeValueError,
+            "params given without an action",
+        ),
     ],
 )
 def test_unknown_names_give_clear_errors(
-    lhc: EntityBuilder, table: str, match: dict, action: str | None, params: dict | None,
-    error: type[Exception], message: str,
+    lhc: EntityBuilder,
+    table: str,
+    match: dict,
+    action: str | None,
+    params: dict | None,
+    error: type[Exception],
+    message: str,
 ) -> None:
     with pytest.raises(error, match=message):
         lhc.table_entry(table, match, action, params)
@@ -205,8 +235,12 @@ def _synthetic_p4info() -> P4InfoIndex:
     table.preamble.id, table.preamble.name = 200, "C.acl"
     table.action_refs.add(id=100)
     for fid, (name, kind) in enumerate(
-        [("t", p4info_pb2.MatchField.TERNARY), ("r", p4info_pb2.MatchField.RANGE),
-         ("o", p4info_pb2.MatchField.OPTIONAL)], start=1
+        [
+            ("t", p4info_pb2.MatchField.TERNARY),
+            ("r", p4info_pb2.MatchField.RANGE),
+            ("o", p4info_pb2.MatchField.OPTIONAL),
+        ],
+        start=1,
     ):
         table.match_fields.add(id=fid, name=name, bitwidth=16, match_type=kind)
     return P4InfoIndex(info)
