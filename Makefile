@@ -64,3 +64,8 @@ system-deps:
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# The PTF suite against a target (root: veth pairs): `make ptf` (softswitch), `make ptf TARGET=bmv2`.
+.PHONY: ptf
+ptf: venv
+	$(PY) -m ptf_tests.run --target $(TARGET)

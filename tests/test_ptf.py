@@ -1,0 +1,39 @@
+"""The PTF suite (ptf_tests/) run by its harness, from pytest: on softswitch always (as root), on BMv2 when
+simple_switch_grpc is on PATH. The suite's own report is in the output and in build/ptf/<target>/."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_suite(target: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ptf_tests.run", "--target", target],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(660)
+def test_ptf_suite_on_softswitch() -> None:
+    result = run_suite("softswitch")
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-20000:]
+
+
+@pytest.mark.root
+@pytest.mark.bmv2
+@pytest.mark.slow
+@pytest.mark.timeout(660)
+def test_ptf_suite_on_bmv2() -> None:
+    result = run_suite("bmv2")
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-20000:]
