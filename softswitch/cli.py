@@ -1,0 +1,103 @@
+"""``lhc-softswitch``: run softswitch with its P4Runtime server and ports until SIGINT or SIGTERM.
+
+    lhc-softswitch [--grpc-addr HOST:PORT] [--device-id N] [--port N@IFACE ...] [--udp N@HOST:UDPPORT ...]
+                   [--log-level LEVEL]
+
+Once gRPC listens and every port is open, one line goes to stdout (flushed), e.g.
+
+    lhc-softswitch ready: grpc=127.0.0.1:9559 device_id=1 ports=1@veth1,2@127.0.0.1:19520/udp
+
+with the ports actually bound (``--grpc-addr 127.0.0.1:0`` or a UDP port 0 picks a free one). Harnesses
+wait for it. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from lhc_ina.p4info import P4InfoIndex
+from softswitch.dataplane import DataPlane
+from softswitch.pipeline import Pipeline, PipelineMismatch
+from softswitch.ports import Port, PortSpecError, open_port, parse_port_specs
+from softswitch.server import P4RuntimeService, start_server
+
+log = logging.getLogger("softswitch")
+
+READY = "lhc-softswitch ready:"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lhc-softswitch",
+        description="softswitch: the lhc v1model pipeline in Python, with a P4Runtime server",
+    )
+    parser.add_argument("--grpc-addr", default="127.0.0.1:9559",
+                        help="P4Runtime listen address HOST:PORT (default %(default)s; port 0 picks one)")
+    parser.add_argument("--device-id", type=int, default=1, help="P4Runtime device id (default %(default)s)")
+    parser.add_argument("--port", action="append", default=[], metavar="N@IFACE",
+                        help="attach switch port N to interface IFACE with AF_PACKET (root); repeatable")
+    parser.add_argument("--udp", action="append", default=[], metavar="N@HOST:UDPPORT",
+                        help="run switch port N as UDP on HOST:UDPPORT (no root); N@ may be left out "
+                             "(next free number); repeatable")
+    parser.add_argument("--log-level", default="WARNING",
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        specs = parse_port_specs(args.port, args.udp)
+    except PortSpecError as exc:
+        print(f"lhc-softswitch: {exc}", file=sys.stderr)
+        return 2
+    index = P4InfoIndex.from_file()
+    try:
+        pipeline = Pipeline(index)
+    except PipelineMismatch as exc:
+        print(f"lhc-softswitch: {exc}", file=sys.stderr)
+        return 1
+    ports: list[Port] = []
+    try:
+        for spec in specs:
+            ports.append(open_port(spec, pipeline.rx))
+    except PortSpecError as exc:
+        for port in ports:
+            port.close()
+        print(f"lhc-softswitch: {exc}", file=sys.stderr)
+        return 1
+
+    lock = threading.Lock()
+    service = P4RuntimeService(pipeline, lock, index.p4info, args.device_id)
+    try:
+        server, grpc_port = start_server(service, args.grpc_addr)
+    except OSError as exc:
+        for port in ports:
+            port.close()
+        print(f"lhc-softswitch: {exc}", file=sys.stderr)
+        return 1
+    dataplane = DataPlane(pipeline, ports, lock)
+    dataplane.start()
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    host = args.grpc_addr.rsplit(":", 1)[0]
+    described = ",".join(port.spec.describe() for port in ports) or "none"
+    print(f"{READY} grpc={host}:{grpc_port} device_id={args.device_id} ports={described}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    log.info("stopping: %d frames received, %d raised", dataplane.frames_in, dataplane.errors)
+    server.stop(grace=1).wait()
+    dataplane.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

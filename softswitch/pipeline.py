@@ -1,0 +1,426 @@
+"""The v1model program ``p4src/v1model/lhc.p4``, packet by packet, in Python.
+
+One ``Pipeline`` is one ``V1Switch(LhcParser, LhcVerifyChecksum, LhcIngress, LhcEgress, LhcComputeChecksum,
+LhcDeparser)``. Each method below names the P4 control (or parser state) it mirrors; ``docs/switch.md`` is
+the contract both implement. The frame is processed in place in one preallocated receive buffer (``rx``):
+ingress and egress rewrite header bytes where the deparser would emit them, so the deparser is the
+identity on the buffer and the unparsed rest of the frame follows the headers as in BMv2.
+
+Why this shape: the hot path is one struct unpack of every header field the lhc path reads, dict lookups
+for the tables, memoryviews over numpy registers for the per-cell scalars (a memoryview index is a third of
+a numpy scalar index), and one numpy ufunc over the ``LANES`` words, whose view into ``rx`` is made once.
+
+Registers are indexed as in the P4 program: ``cell = (slot_base + slot) * SLOT_COPIES + ver`` and a lane
+``i`` of ``slot_values`` at ``cell * LANES + i`` (here ``slot_values[cell, i]``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+import numpy as np
+from p4.config.v1 import p4info_pb2
+
+from lhc_ina import constants as c
+from lhc_ina.p4info import P4InfoIndex
+from softswitch.pre import MulticastGroups
+from softswitch.tables import ActionCall, ExactTable, LpmTable, Table
+
+#: ``emit(port, frame)``: send one frame out of a port. ``frame`` is a view of the receive buffer and is
+#: valid only during the call (the next copy or packet overwrites it).
+Emit = Callable[[int, memoryview], None]
+
+#: v1model's drop port: ``mark_to_drop`` sets egress_spec to it (BMv2 default for 9-bit ports).
+DROP_PORT = 511
+#: The receive buffer: the largest UDP datagram behind a synthesized Ethernet/IPv4/UDP header, which also
+#: covers any Ethernet frame an AF_PACKET socket delivers.
+RX_BYTES = 65536 + 64
+
+# Header offsets in the frame.
+_IPV4 = c.ETHERNET_BYTES
+_UDP = _IPV4 + c.IPV4_BYTES
+_LHC = _UDP + c.UDP_BYTES
+_PAYLOAD = _LHC + c.HEADER_BYTES
+_END = _PAYLOAD + c.PAYLOAD_BYTES
+
+#: Every field the lhc path reads, in one unpack of the first 50 bytes: ether_type, IPv4 version+ihl,
+#: total_len, flags+frag_offset, protocol, src, dst, UDP src/dst port, length, lhc byte 0 (msg_type, op,
+#: ver, flags), worker_id, job_id, slot, epoch.
+_HEADERS = struct.Struct("!12xHBxHxxHxBxxIIHHHxxBBHHH")
+_IPV4_WORDS = struct.Struct("!10H")
+_U16 = struct.Struct("!H")
+_U32 = struct.Struct("!I")
+_BYTE0_KEEP = 0x0F  # op, ver, flags of lhc byte 0 travel into results; msg_type is the high nibble
+_BITMAP = _LHC + 12  # offset of hdr.lhc.bitmap
+
+# Parser outcome: the deepest header extracted (each level implies the ones before it are valid).
+_NONE, _ETHERNET, _IPV4_VALID, _UDP_VALID, _LHC_VALID, _PAYLOAD_VALID = range(6)
+
+# Action names the pipeline dispatches on (P4Info names, docs/switch.md).
+SET_JOB = "LhcIngress.set_job"
+UNKNOWN_JOB = "LhcIngress.unknown_job"
+ADMIT_WORKER = "LhcIngress.admit_worker"
+REJECT_WORKER = "LhcIngress.reject_worker"
+ROUTE = "LhcIngress.route"
+SET_PORT = "LhcIngress.set_port"
+DROP = "LhcIngress.drop"
+SET_REPLICA_DST = "LhcEgress.set_replica_dst"
+DROP_REPLICA = "LhcEgress.drop_replica"
+
+#: Tables the pipeline binds: name -> (match fields as (name, bits), match kind).
+TABLES: dict[str, tuple[tuple[tuple[str, int], ...], str]] = {
+    "LhcIngress.jobs": ((("hdr.lhc.job_id", 16),), "exact"),
+    "LhcIngress.workers": (
+        (("hdr.lhc.job_id", 16), ("hdr.lhc.worker_id", 8), ("hdr.ipv4.src_addr", 32)), "exact"
+    ),
+    "LhcIngress.ipv4_routes": ((("hdr.ipv4.dst_addr", 32),), "lpm"),
+    "LhcIngress.l2_forward": ((("hdr.ethernet.dst_addr", 48),), "exact"),
+    "LhcEgress.replicas": ((("hdr.lhc.job_id", 16), ("standard_metadata.egress_rid", 16)), "exact"),
+}
+#: Actions the pipeline executes: name -> params as (name, bits), in the order it unpacks them.
+ACTIONS: dict[str, tuple[tuple[str, int], ...]] = {
+    SET_JOB: (
+        ("job_index", 8), ("slot_base", 16), ("slot_count", 16), ("fan_in", 8), ("mcast_grp", 16),
+        ("epoch", 16),
+    ),
+    UNKNOWN_JOB: (),
+    ADMIT_WORKER: (("worker_bit", 32),),
+    REJECT_WORKER: (),
+    ROUTE: (("port", 9), ("src_mac", 48), ("dst_mac", 48)),
+    SET_PORT: (("port", 9),),
+    DROP: (),
+    SET_REPLICA_DST: (("dst_mac", 48), ("dst_addr", 32), ("dst_port", 16)),
+    DROP_REPLICA: (),
+}
+STATS_COUNTER = "LhcIngress.lhc_stats"
+REGISTERS = {
+    "LhcIngress.slot_epoch": 16,
+    "LhcIngress.slot_bitmap": 32,
+    "LhcIngress.slot_remaining": 8,
+    "LhcIngress.slot_values": 32,
+}
+
+
+class PipelineMismatch(ValueError):
+    """The P4Info lacks something the pipeline executes, or gives it other widths."""
+
+
+def _check_p4info(p4info: P4InfoIndex) -> None:
+    """Fail loudly, by name, when the P4Info and this pipeline disagree on what it binds."""
+    problems = []
+    for name, (fields, kind) in TABLES.items():
+        table = p4info.tables.get(name)
+        if table is None:
+            problems.append(f"no table {name}")
+            continue
+        got = tuple((f.name, f.bitwidth) for f in table.match_fields)
+        kinds = {p4info_pb2.MatchField.MatchType.Name(f.match_type).lower() for f in table.match_fields}
+        if got != fields or kinds != {kind}:
+            problems.append(f"table {name}: match fields {got} ({kinds}), the pipeline implements "
+                            f"{fields} ({kind})")
+    for name, params in ACTIONS.items():
+        action = p4info.actions.get(name)
+        if action is None:
+            problems.append(f"no action {name}")
+        elif tuple((p.name, p.bitwidth) for p in action.params) != params:
+            problems.append(f"action {name}: params differ from the pipeline's {params}")
+    if STATS_COUNTER not in p4info.counters:
+        problems.append(f"no counter {STATS_COUNTER}")
+    for name, bits in REGISTERS.items():
+        register = p4info.registers.get(name)
+        if register is None or register.bitwidth != bits:
+            problems.append(f"register {name} must be bit<{bits}>")
+    if problems:
+        raise PipelineMismatch("P4Info does not match the softswitch pipeline: " + "; ".join(problems))
+
+
+def _initial_default(p4info: P4InfoIndex, table_name: str) -> tuple[ActionCall, bool]:
+    """The table's initial default action (from the P4Info) and whether it is const."""
+    for table in p4info.p4info.tables:
+        if table.preamble.name == table_name:
+            action_id = table.initial_default_action.action_id or table.const_default_action_id
+            if not action_id:
+                raise PipelineMismatch(f"table {table_name} has no default action in the P4Info")
+            action = p4info.by_id(action_id)
+            arguments = table.initial_default_action.arguments
+            args = {a.param_id: int.from_bytes(a.value, "big") for a in arguments}
+            call = (action.name, *(args.get(p.id, 0) for p in action.params))
+            return call, table.const_default_action_id != 0
+    raise PipelineMismatch(f"no table {table_name}")
+
+
+class Pipeline:
+    """Tables, PRE, registers and counters of one switch, and ``process`` to run a frame through them."""
+
+    def __init__(self, p4info: P4InfoIndex) -> None:
+        _check_p4info(p4info)
+        tables: dict[str, Table] = {}
+        for name, (fields, kind) in TABLES.items():
+            default, const = _initial_default(p4info, name)
+            size = p4info.table(name).size
+            widths = [bits for _, bits in fields]
+            tables[name] = (
+                LpmTable(name, size, widths[0], default, const)
+                if kind == "lpm"
+                else ExactTable(name, size, widths, default, const)
+            )
+        self.tables = tables
+        self.jobs: ExactTable = tables["LhcIngress.jobs"]  # type: ignore[assignment]
+        self.workers: ExactTable = tables["LhcIngress.workers"]  # type: ignore[assignment]
+        self.ipv4_routes: LpmTable = tables["LhcIngress.ipv4_routes"]  # type: ignore[assignment]
+        self.l2_forward: ExactTable = tables["LhcIngress.l2_forward"]  # type: ignore[assignment]
+        self.replicas: ExactTable = tables["LhcEgress.replicas"]  # type: ignore[assignment]
+        self.pre = MulticastGroups()
+
+        cells = p4info.register("LhcIngress.slot_epoch").size
+        self.slot_epoch = np.zeros(cells, np.uint16)
+        self.slot_bitmap = np.zeros(cells, np.uint32)
+        self.slot_remaining = np.zeros(cells, np.uint8)
+        self.slot_values = np.zeros((cells, c.LANES), np.uint32)
+        self.max_slots = cells // c.SLOT_COPIES
+        stats = p4info.counter(STATS_COUNTER).size
+        self.stats_packets = np.zeros(stats, np.uint64)
+        self.stats_bytes = np.zeros(stats, np.uint64)
+        # Scalar views: indexing a memoryview returns a Python int, three times faster than numpy.
+        self._epoch = memoryview(self.slot_epoch)
+        self._bitmap = memoryview(self.slot_bitmap)
+        self._remaining = memoryview(self.slot_remaining)
+        self._rows = list(self.slot_values)  # one view per cell, made once
+        self._stat_packets = memoryview(self.stats_packets)
+        self._stat_bytes = memoryview(self.stats_bytes)
+
+        self.rx = bytearray(RX_BYTES)
+        self.rxv = memoryview(self.rx)
+        self._payload = np.frombuffer(self.rx, ">u4", c.LANES, _PAYLOAD)
+        #: False until a pipeline config is committed: BMv2 without a program forwards nothing.
+        self.configured = False
+
+    def reset(self) -> None:
+        """A fresh program: every table, group, register and counter back to its initial state."""
+        for table in self.tables.values():
+            table.reset()
+        self.pre.reset()
+        for array in (self.slot_epoch, self.slot_bitmap, self.slot_remaining, self.slot_values,
+                      self.stats_packets, self.stats_bytes):
+            array.fill(0)
+
+    # --- V1Switch ----------------------------------------------------------------------------------
+    def process(self, length: int, ingress_port: int, emit: Emit) -> None:
+        """One frame, ``rx[:length]``, received on ``ingress_port``: every copy it produces is emitted."""
+        if not self.configured:
+            return
+        level, error = self._parse(length)
+        rx = self.rx
+        if level >= _UDP_VALID and (rx[36] << 8 | rx[37]) & c.UDP_PORT_MASK == c.UDP_PORT_BASE:
+            self._lhc_ingress(length, ingress_port, level, error, emit)
+        elif not error:
+            self._forward_ingress(length, level, emit)
+
+    # --- LhcParser ---------------------------------------------------------------------------------
+    def _parse(self, length: int) -> tuple[int, bool]:
+        """LhcParser (p4src/shared/parser.p4): the deepest header extracted and whether the parser hit the
+        end of the packet (error.PacketTooShort). Nothing is dropped here; ingress decides."""
+        rx = self.rx
+        if length < c.ETHERNET_BYTES:
+            return _NONE, True
+        if rx[12] != 0x08 or rx[13] != 0x00:  # parse_ethernet: ether_type != IPv4 -> accept
+            return _ETHERNET, False
+        if length < _IPV4 + 1:  # parse_ipv4_check: lookahead<bit<8>> past the end
+            return _ETHERNET, True
+        if rx[_IPV4] != 0x45:  # not version 4 with ihl 5 -> accept
+            return _ETHERNET, False
+        if length < _UDP:
+            return _ETHERNET, True
+        if (rx[20] & 0x1F) or rx[21] or rx[23] != c.IP_PROTO_UDP:  # parse_ipv4: (frag_offset, protocol)
+            return _IPV4_VALID, False
+        if length < _LHC:
+            return _IPV4_VALID, True
+        if (rx[36] << 8 | rx[37]) & c.UDP_PORT_MASK != c.UDP_PORT_BASE:  # parse_udp: not lhc -> accept
+            return _UDP_VALID, False
+        if length < _PAYLOAD:  # parse_lhc: extract(hdr.lhc)
+            return _UDP_VALID, True
+        if length < _END:  # extract(hdr.payload)
+            return _LHC_VALID, True
+        return _PAYLOAD_VALID, False
+
+    # --- LhcIngress: lhc packets -------------------------------------------------------------------
+    def _lhc_ingress(self, length: int, ingress_port: int, level: int, error: bool, emit: Emit) -> None:
+        """LhcIngress.apply, the ``is_lhc`` branch: steps 1-8 of docs/switch.md, then the counter and the
+        packet's fate (multicast RESULT, unicast RESULT_RETX, or drop)."""
+        rx = self.rx
+        job_index = 0
+        if error or level != _PAYLOAD_VALID:
+            stat = c.Stat.DROP_MALFORMED
+        else:
+            (_, _, total_len, _, _, src, _, _, _, udp_len, byte0, worker_id, job_id, slot, epoch) = (
+                _HEADERS.unpack_from(rx)
+            )
+            if udp_len != c.UDP_LENGTH or total_len != c.IPV4_TOTAL_LENGTH or byte0 & 1:
+                stat = c.Stat.DROP_MALFORMED
+            elif byte0 >> 4 != c.MsgType.DATA:
+                stat = c.Stat.DROP_BAD_TYPE
+            elif (byte0 >> 2) & 3 > c.Op.OR:
+                stat = c.Stat.DROP_BAD_OP
+            else:
+                job = self.jobs.entries.get(job_id)
+                if job is None:  # miss: the default action (unknown_job) runs
+                    default = self.jobs.default
+                    job_index = default[1] if default[0] == SET_JOB else 0
+                    stat = c.Stat.DROP_UNKNOWN_JOB
+                else:
+                    _, job_index, slot_base, slot_count, fan_in, mcast_grp, job_epoch = job
+                    if epoch != job_epoch:
+                        stat = c.Stat.DROP_STALE_EPOCH
+                    elif slot >= slot_count or slot_base + slot >= self.max_slots:
+                        stat = c.Stat.DROP_SLOT_RANGE
+                    else:
+                        worker = self.workers.entries.get((job_id << 40) | (worker_id << 32) | src)
+                        if worker is None:
+                            stat = c.Stat.DROP_BAD_WORKER
+                        else:
+                            stat = self._aggregate(
+                                (slot_base + slot) * c.SLOT_COPIES + ((byte0 >> 1) & 1),
+                                epoch,
+                                worker[1] if worker[0] == ADMIT_WORKER else 0,
+                                fan_in,
+                                byte0,
+                            )
+        index = job_index * c.NUM_STATS + stat
+        if index < len(self._stat_packets):  # an index past the counter counts nothing
+            self._stat_packets[index] += 1
+            self._stat_bytes[index] += length
+        if stat == c.Stat.RESULT:
+            self._replicate(mcast_grp, job_id, length, emit)
+        elif stat == c.Stat.RETX:
+            self._egress(ingress_port, 0, True, length, emit)
+
+    def _aggregate(self, cell: int, epoch: int, worker_bit: int, fan_in: int, byte0: int) -> int:
+        """LhcIngress's ``@atomic`` block: lazy reset, duplicate check, first/ADD/OR, completion. Rewrites
+        the packet into a RESULT or RESULT_RETX when that is the outcome; returns the outcome (Stat)."""
+        epochs, bitmaps, remainings = self._epoch, self._bitmap, self._remaining
+        rx = self.rx
+        if epochs[cell] != epoch:  # lazy reset of this copy only
+            epochs[cell] = epoch
+            bitmaps[cell] = 0
+            remainings[cell] = 0
+            bitmap = remaining = 0
+        else:
+            bitmap = bitmaps[cell]
+            remaining = remainings[cell]
+        row = self._rows[cell]
+        if bitmap & worker_bit:
+            if remaining:
+                return c.Stat.DROP_DUPLICATE
+            # Duplicate of a finished copy: the stored result goes back to the sender.
+            self._payload[:] = row
+            rx[_LHC] = (c.MsgType.RESULT_RETX << 4) | (byte0 & _BYTE0_KEEP)
+            _U32.pack_into(rx, _BITMAP, bitmap)
+            rx[0:6], rx[6:12] = rx[6:12], rx[0:6]
+            rx[26:30], rx[30:34] = rx[30:34], rx[26:30]
+            rx[34:36], rx[36:38] = rx[36:38], rx[34:36]
+            rx[40] = rx[41] = 0  # udp.checksum
+            return c.Stat.RETX
+        other = cell ^ 1  # SLOT_COPIES == 2: the other shadow copy of the slot
+        bitmaps[other] = bitmaps[other] & ~worker_bit & 0xFFFFFFFF
+        if not remaining:  # first of a round: the packet's words become the value (and stay the payload)
+            np.copyto(row, self._payload)
+            bitmap = worker_bit
+            remaining = (fan_in - 1) & 0xFF
+        else:
+            if (byte0 >> 2) & 3 == c.Op.ADD:
+                np.add(row, self._payload, out=row)  # uint32: wraps mod 2^32
+            else:
+                np.bitwise_or(row, self._payload, out=row)
+            bitmap |= worker_bit
+            remaining = (remaining - 1) & 0xFF
+            if not remaining:
+                self._payload[:] = row
+        bitmaps[cell] = bitmap
+        remainings[cell] = remaining
+        if remaining:
+            return c.Stat.ABSORBED
+        # The last contribution: the packet becomes the result, sourced from the switch's address.
+        rx[_LHC] = (c.MsgType.RESULT << 4) | (byte0 & _BYTE0_KEEP)
+        _U32.pack_into(rx, _BITMAP, bitmap)
+        rx[6:12] = rx[0:6]
+        rx[26:30] = rx[30:34]
+        rx[34:36] = rx[36:38]
+        rx[40] = rx[41] = 0
+        return c.Stat.RESULT
+
+    # --- LhcIngress: everything else ---------------------------------------------------------------
+    def _forward_ingress(self, length: int, level: int, emit: Emit) -> None:
+        """LhcIngress.apply, the non-lhc branches: IPv4 -> ipv4_routes (TTL <= 1 dropped), else
+        l2_forward. Defaults drop. No counters."""
+        rx = self.rx
+        if level >= _IPV4_VALID:
+            ttl = rx[22]
+            if ttl <= 1:
+                return
+            dst = rx[30] << 24 | rx[31] << 16 | rx[32] << 8 | rx[33]
+            action = self.ipv4_routes.lookup(dst) or self.ipv4_routes.default
+            if action[0] != ROUTE:
+                return
+            _, port, src_mac, dst_mac = action
+            rx[0:6] = dst_mac.to_bytes(6, "big")
+            rx[6:12] = src_mac.to_bytes(6, "big")
+            rx[22] = ttl - 1
+        else:
+            action = self.l2_forward.entries.get(int.from_bytes(rx[0:6], "big")) or self.l2_forward.default
+            if action[0] != SET_PORT:
+                return
+            port = action[1]
+        self._egress(port, 0, False, length, emit)
+
+    # --- PRE ---------------------------------------------------------------------------------------
+    def _replicate(self, mcast_grp: int, job_id: int, length: int, emit: Emit) -> None:
+        """simple_switch's replication: one egress pass per replica of ``mcast_grp``. Group 0 means no
+        multicast: BMv2 then sends the packet to egress_spec, which nothing set (0), with egress_rid 0."""
+        if mcast_grp == 0:
+            self._egress(0, 0, True, length, emit)
+            return
+        # Every copy's egress writes the same fields (or drops), so rewriting the buffer per copy equals
+        # giving each copy its own packet.
+        for port, rid in self.pre.groups.get(mcast_grp, ()):
+            self._egress(port, rid, True, length, emit)
+
+    # --- LhcEgress, LhcComputeChecksum, LhcDeparser ------------------------------------------------
+    def _egress(self, port: int, egress_rid: int, is_lhc: bool, length: int, emit: Emit) -> None:
+        """LhcEgress (replicas rewrite a RESULT's destination per copy), LhcComputeChecksum (IPv4 header
+        checksum), LhcDeparser (the buffer already holds the headers in wire order)."""
+        if port == DROP_PORT:
+            return
+        rx = self.rx
+        if is_lhc and rx[_LHC] >> 4 == c.MsgType.RESULT:
+            action = self.replicas.entries.get((rx[44] << 8 | rx[45]) << 16 | egress_rid)
+            if action is None:
+                action = self.replicas.default
+            if action[0] != SET_REPLICA_DST:
+                return
+            _, dst_mac, dst_addr, dst_port = action
+            rx[0:6] = dst_mac.to_bytes(6, "big")
+            _U32.pack_into(rx, 30, dst_addr)
+            _U16.pack_into(rx, 36, dst_port)
+        if rx[12] == 0x08 and rx[13] == 0x00 and rx[_IPV4] == 0x45 and length >= _UDP:
+            words = _IPV4_WORDS.unpack_from(rx, _IPV4)
+            total = sum(words) - words[5]
+            total = (total & 0xFFFF) + (total >> 16)
+            total = (total & 0xFFFF) + (total >> 16)
+            _U16.pack_into(rx, 24, ~total & 0xFFFF)
+        emit(port, self.rxv[:length])
+
+    # --- helpers for tests and tools ---------------------------------------------------------------
+    def inject(self, frame: bytes, ingress_port: int) -> list[tuple[int, bytes]]:
+        """Run one frame through the pipeline; the frames it sends, as (port, bytes), in order."""
+        if len(frame) > RX_BYTES:
+            raise ValueError(f"frame of {len(frame)} bytes exceeds the receive buffer ({RX_BYTES})")
+        self.rx[: len(frame)] = frame
+        out: list[tuple[int, bytes]] = []
+        self.process(len(frame), ingress_port, lambda port, view: out.append((port, bytes(view))))
+        return out
+
+    def stats(self, job_index: int) -> dict[str, int]:
+        """One job's row of lhc_stats as {Stat name: packets}, zero cells left out."""
+        row = self.stats_packets[job_index * c.NUM_STATS : (job_index + 1) * c.NUM_STATS]
+        return {c.Stat(i).name: int(v) for i, v in enumerate(row[: len(c.Stat)]) if v}

@@ -1,0 +1,253 @@
+"""Switch ports: how frames get into the pipeline's receive buffer and out to the world.
+
+Two kinds, both non-blocking sockets polled by ``dataplane``:
+
+- ``RawPort`` (``--port N@IFACE``): an AF_PACKET socket on a real interface (a veth for Mininet and PTF;
+  needs root). Every frame the interface receives enters the pipeline; frames the host itself sends on
+  that interface (PACKET_OUTGOING, which includes what this switch sends) are ignored, so the switch never
+  re-reads its own output.
+- ``UdpPort`` (``--udp N@HOST:UDPPORT``): a UDP socket, no root. A datagram's payload is the lhc bytes;
+  the port wraps it in a synthesized Ethernet/IPv4/UDP frame built from the datagram's addresses so the
+  same pipeline runs, and sends a frame leaving the port as a UDP datagram (the bytes after the UDP
+  header) to the frame's (ipv4.dst, udp.dst).
+
+Synthetic frames of a UDP port (documented in docs/softswitch.md): a datagram from ``A:p`` to the port's
+``H:q`` becomes ``Ethernet(src=02:00:A, dst=02:00:H, type=IPv4) / IPv4(src=A, dst=H, ttl=64, DF, id=0,
+valid checksum) / UDP(sport=p, dport=q, checksum=0)``, where ``02:00:A`` is a locally administered MAC whose
+last four bytes are the IPv4 address. The frame's MACs are not used when it leaves a UDP port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import socket
+import struct
+from dataclasses import dataclass
+
+from lhc_ina import constants as c
+
+log = logging.getLogger(__name__)
+
+_HEADERS = c.ETHERNET_BYTES + c.IPV4_BYTES + c.UDP_BYTES
+_ETH_P_ALL = 0x0003
+_PACKET_OUTGOING = 4
+_PACKET_ADD_MEMBERSHIP = 1
+_PACKET_MR_PROMISC = 1
+_PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20; older kernels: the pkttype check below does the job
+_SOL_PACKET = 263
+_MAX_PORT = (1 << 9) - 2  # 9-bit ports; 511 is v1model's drop port
+_SOCKET_BUFFER = 4 << 20  # bytes: absorbs bursts of a few thousand lhc packets
+
+
+class PortSpecError(ValueError):
+    """A --port or --udp argument that cannot be used; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class PortSpec:
+    """One switch port: its number and either an interface or a UDP (host, port) to bind."""
+
+    number: int
+    iface: str | None = None
+    host: str | None = None
+    udp_port: int | None = None
+
+    def describe(self) -> str:
+        """``N@IFACE`` or ``N@HOST:UDPPORT/udp``, as the startup line prints it."""
+        if self.iface:
+            return f"{self.number}@{self.iface}"
+        return f"{self.number}@{self.host}:{self.udp_port}/udp"
+
+
+def _port_number(text: str, spec: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= _MAX_PORT:
+        raise PortSpecError(f"{spec!r}: port number must be 0..{_MAX_PORT} (511 is the drop port)")
+    return int(text)
+
+
+def parse_iface_spec(spec: str) -> PortSpec:
+    """``N@IFACE`` -> PortSpec."""
+    number, sep, iface = spec.partition("@")
+    if not sep or not iface:
+        raise PortSpecError(f"{spec!r}: expected N@IFACE, e.g. 1@veth1")
+    return PortSpec(_port_number(number, spec), iface=iface)
+
+
+_UDP_SPEC = re.compile(r"^(?:(\d+)@)?([^@:]+):(\d+)$")
+
+
+def parse_udp_spec(spec: str, next_free: int) -> PortSpec:
+    """``N@HOST:UDPPORT`` -> PortSpec; without ``N@`` the port is numbered ``next_free``."""
+    match = _UDP_SPEC.match(spec)
+    if not match:
+        raise PortSpecError(f"{spec!r}: expected N@HOST:UDPPORT, e.g. 1@127.0.0.1:{c.UDP_PORT_BASE}")
+    number = _port_number(match.group(1), spec) if match.group(1) else next_free
+    try:
+        host = socket.inet_ntoa(socket.inet_aton(match.group(2)))
+    except OSError:
+        raise PortSpecError(f"{spec!r}: {match.group(2)!r} is not an IPv4 address") from None
+    udp_port = int(match.group(3))
+    if not 0 <= udp_port < 1 << 16:
+        raise PortSpecError(f"{spec!r}: UDP port must be 0..65535 (0 picks a free one)")
+    return PortSpec(number, host=host, udp_port=udp_port)
+
+
+def parse_port_specs(ifaces: list[str], udps: list[str]) -> list[PortSpec]:
+    """All ports of a command line, checked for clashes (one number per port, one socket per address)."""
+    specs = [parse_iface_spec(s) for s in ifaces]
+    for text in udps:
+        taken = {s.number for s in specs}
+        next_free = next(n for n in range(1, _MAX_PORT + 1) if n not in taken)
+        specs.append(parse_udp_spec(text, next_free))
+    numbers = [s.number for s in specs]
+    duplicates = sorted({n for n in numbers if numbers.count(n) > 1})
+    if duplicates:
+        raise PortSpecError(f"port number(s) {duplicates} given twice")
+    return specs
+
+
+class UdpPort:
+    """Port ``number`` as UDP on ``host:udp_port`` (see the module docstring for the synthetic frame)."""
+
+    def __init__(self, spec: PortSpec, rx: bytearray) -> None:
+        assert spec.host is not None and spec.udp_port is not None
+        self.number = spec.number
+        self.spec = spec
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
+        try:
+            self.sock.bind((spec.host, spec.udp_port))
+        except OSError as exc:
+            self.sock.close()
+            raise PortSpecError(f"port {spec.describe()}: cannot bind: {exc.strerror}") from None
+        self.sock.setblocking(False)
+        self.address = self.sock.getsockname()
+        self.spec = PortSpec(spec.number, host=spec.host, udp_port=self.address[1])  # port 0: the one bound
+        self._rx = rx
+        self._into = memoryview(rx)[_HEADERS:]
+        local = socket.inet_aton(self.address[0])
+        self._template = self._frame_template(local, self.address[1])
+        # Sum of the IPv4 header's 16-bit words that never change (everything but src, total_len, csum).
+        words = struct.unpack("!10H", self._template[14:34])
+        self._fixed_sum = sum(words) - words[1] - words[5] - words[6] - words[7]
+        self._sources: dict[str, tuple[bytes, int]] = {}
+        self._names: dict[bytes, str] = {}
+        self.dropped_non_udp = 0
+        self.send_errors = 0
+
+    @staticmethod
+    def _frame_template(local: bytes, udp_port: int) -> bytes:
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 0, 0, 0x4000, 64, c.IP_PROTO_UDP, 0, bytes(4), local)
+        eth = b"\x02\x00" + local + b"\x02\x00" + bytes(4) + struct.pack("!H", c.ETHERTYPE_IPV4)
+        return eth + ip + struct.pack("!HHHH", 0, udp_port, 0, 0)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def receive(self) -> int:
+        """Receive one datagram as a frame into ``rx``; its length, or -1 when none is waiting."""
+        try:
+            size, (host, sport) = self.sock.recvfrom_into(self._into)
+        except BlockingIOError:
+            return -1
+        source = self._sources.get(host)
+        if source is None:
+            if len(self._sources) > 4096:  # bounded: only live peers stay cached
+                self._sources.clear()
+            raw = socket.inet_aton(host)
+            source = self._sources[host] = (raw, (raw[0] << 8 | raw[1]) + (raw[2] << 8 | raw[3]))
+        raw, src_sum = source
+        rx = self._rx
+        rx[0:_HEADERS] = self._template
+        rx[8:12] = raw
+        rx[26:30] = raw
+        total_len = c.IPV4_BYTES + c.UDP_BYTES + size
+        total = self._fixed_sum + src_sum + total_len
+        total = (total & 0xFFFF) + (total >> 16)
+        total = (total & 0xFFFF) + (total >> 16)
+        struct.pack_into("!HxxxxxxH", rx, 16, total_len, ~total & 0xFFFF)
+        struct.pack_into("!H2xH", rx, 34, sport, c.UDP_BYTES + size)
+        return _HEADERS + size
+
+    def send(self, frame: memoryview) -> None:
+        """A frame leaving this port: its UDP payload goes to (ipv4.dst, udp.dst)."""
+        if len(frame) < _HEADERS or frame[12] != 0x08 or frame[13] != 0 or frame[14] != 0x45 \
+                or frame[23] != c.IP_PROTO_UDP:
+            self.dropped_non_udp += 1
+            log.debug("port %d: dropped a frame that is not IPv4/UDP (UDP ports carry only UDP)", self.number)
+            return
+        raw = bytes(frame[30:34])
+        host = self._names.get(raw)
+        if host is None:
+            if len(self._names) > 4096:
+                self._names.clear()
+            host = self._names[raw] = socket.inet_ntoa(raw)
+        try:
+            self.sock.sendto(frame[_HEADERS:], (host, frame[36] << 8 | frame[37]))
+        except OSError as exc:  # a full socket buffer or an unreachable address: the frame is lost
+            self.send_errors += 1
+            log.debug("port %d: send to %s failed: %s", self.number, host, exc)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class RawPort:
+    """Port ``number`` on interface ``iface`` through an AF_PACKET socket (root)."""
+
+    def __init__(self, spec: PortSpec, rx: bytearray) -> None:
+        assert spec.iface is not None
+        self.number = spec.number
+        self.spec = spec
+        try:
+            ifindex = socket.if_nametoindex(spec.iface)
+            # Protocol 0 receives nothing until bind() names the interface: no frame from elsewhere slips in.
+            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        except OSError as exc:
+            raise PortSpecError(f"port {spec.describe()}: {exc.strerror or exc}") from None
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
+            with contextlib.suppress(OSError):  # old kernel: receive() skips PACKET_OUTGOING frames itself
+                self.sock.setsockopt(_SOL_PACKET, _PACKET_IGNORE_OUTGOING, 1)
+            self.sock.bind((spec.iface, _ETH_P_ALL))
+            membership = struct.pack("iHH8s", ifindex, _PACKET_MR_PROMISC, 0, b"")
+            self.sock.setsockopt(_SOL_PACKET, _PACKET_ADD_MEMBERSHIP, membership)
+        except OSError as exc:
+            self.sock.close()
+            raise PortSpecError(f"port {spec.describe()}: {exc.strerror or exc}") from None
+        self.sock.setblocking(False)
+        self._rx = memoryview(rx)
+        self.send_errors = 0
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def receive(self) -> int:
+        """Receive one frame into ``rx``; its length, 0 for a frame to skip (our own output), or -1 when none
+        is waiting."""
+        try:
+            size, address = self.sock.recvfrom_into(self._rx)
+        except BlockingIOError:
+            return -1
+        return 0 if address[2] == _PACKET_OUTGOING else size
+
+    def send(self, frame: memoryview) -> None:
+        try:
+            self.sock.send(frame)
+        except OSError as exc:
+            self.send_errors += 1
+            log.debug("port %d: send failed: %s", self.number, exc)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+Port = UdpPort | RawPort
+
+
+def open_port(spec: PortSpec, rx: bytearray) -> Port:
+    """The socket for ``spec``, receiving into the pipeline's buffer ``rx``."""
+    return RawPort(spec, rx) if spec.iface else UdpPort(spec, rx)
