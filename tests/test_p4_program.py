@@ -30,6 +30,8 @@ SWITCH_MD = REPO / "docs" / "switch.md"
 
 #: standard_metadata_t fields the program matches on (v1model.p4), with their widths.
 STANDARD_METADATA_WIDTHS = {"egress_rid": 16, "ingress_port": 9, "egress_port": 9, "mcast_grp": 16}
+#: Tofino's PortId_t and v1model's port are both 9 bits wide.
+PORT_ID_BITS = 9
 _MATCH_TYPES = {
     "exact": "EXACT", "lpm": "LPM", "ternary": "TERNARY", "range": "RANGE", "optional": "OPTIONAL",
 }
@@ -110,7 +112,10 @@ def parse_program(text: str) -> P4Program:
         prog.controls[m.group(1)] = _block(text, brace)
     for control, body in prog.controls.items():
         for m in re.finditer(r"\baction\s+(\w+)\s*\(([^)]*)\)", body):
-            params = [(n, int(w)) for w, n in re.findall(r"bit<(\d+)>\s+(\w+)", m.group(2))]
+            params = [
+                (n, PORT_ID_BITS if t == "PortId_t" else int(w))
+                for t, w, n in re.findall(r"(bit<(\d+)>|PortId_t)\s+(\w+)", m.group(2))
+            ]
             prog.actions[f"{control}.{m.group(1)}"] = params
         for m in re.finditer(r"\btable\s+(\w+)\s*\{", body):
             tbody = _block(body, m.end() - 1)
@@ -349,3 +354,48 @@ def test_switch_md_names_what_the_p4info_has(p4info: P4InfoIndex) -> None:
             size = _SIZE_WORDS[size_match.group(1)] if size_match else last_size
             assert (p4info.register(name).bitwidth, p4info.register(name).size) == (width, size), name
             last_size = size
+
+
+# --- the TNA program ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tna_text(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return preprocess(TNA_P4, tmp_path_factory.mktemp("cpp_tna"))
+
+
+def test_tna_has_the_v1model_tables_and_actions(tna_text: str, v1model: P4Program) -> None:
+    """The controller drives both programs by the same names, keys and action parameters."""
+    tna = parse_program(tna_text)
+    assert set(tna.tables) == set(v1model.tables)
+    for name, table in v1model.tables.items():
+        theirs = tna.tables[name]
+        keys = [(e.replace("standard_metadata.", "eg_intr_md."), k) for e, k in table.keys]
+        assert theirs.keys == keys, name
+        assert theirs.actions == table.actions and theirs.default_action == table.default_action, name
+        assert theirs.size == table.size, name
+        for action in table.actions:
+            assert tna.actions[action] == v1model.actions[action], action
+
+
+def test_tna_every_lane_is_aggregated_once_per_packet(tna_text: str) -> None:
+    ingress = re.sub(r"\s+", " ", parse_program(tna_text).controls["LhcIngress"])
+    pair_re = r"hdr\.payload\.w(\d+) = first_\1_(\d+)\.execute"
+    pairs = [(int(a), int(b)) for a, b in re.findall(pair_re, ingress)]
+    singles = [int(x) for x in re.findall(r"hdr\.payload\.w(\d+) = first_\1\.execute", ingress)]
+    covered = sorted([i for pair in pairs for i in pair] + singles)
+    assert covered == list(range(c.LANES)), "every lane is in exactly one register (pair or single)"
+    for a, b in pairs:
+        assert b == a + 1
+        for kind in ("add", "or"):
+            assert f"hdr.payload.w{a} = {kind}_{a}_{b}.execute(meta.cell);" in ingress, (kind, a)
+        assert f"hdr.payload.w{b} = hi_{a}_{b}.execute(hdr.recirc.cell);" in ingress, ("harvest", b)
+    for lane in singles:
+        for kind in ("first", "add", "or"):
+            assert f"hdr.payload.w{lane} = {kind}_{lane}.execute(hdr.recirc.cell);" in ingress, (kind, lane)
+
+
+def test_tna_register_actions_per_register_fit_tofino(tna_text: str) -> None:
+    """At most four RegisterActions per Register (one stateful ALU's instruction slots)."""
+    ingress = parse_program(tna_text).controls["LhcIngress"]
+    registers = re.findall(r"\bRegister<[^;]*?>\([^)]*\)\s*(\w+);", ingress)
+    per_register = {r: len(re.findall(rf"RegisterAction<[^()]*>\(\s*{r}\s*\)", ingress)) for r in registers}
+    assert per_register and all(1 <= n <= 4 for n in per_register.values()), per_register
