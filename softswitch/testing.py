@@ -1,0 +1,141 @@
+"""P4Runtime updates and frames for one lhc job, from names: shared by softswitch's tests and benchmark.
+
+Deliberately independent of the controller and of ``lhc_ina.p4rt``: softswitch is tested against the raw
+protos, so a fault in a client cannot hide a fault in the server.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+from p4.v1 import p4runtime_pb2 as p4v1
+
+from lhc_ina import constants as c
+from lhc_ina.p4info import P4InfoIndex
+from lhc_ina.wire import LhcHeader, build_frame, pack_packet
+from softswitch.entities import canonical
+
+SWITCH_MAC = "02:00:00:00:00:fe"
+SWITCH_IP = "10.0.0.254"
+
+
+def ip_int(addr: str) -> int:
+    return int.from_bytes(socket.inet_aton(addr), "big")
+
+
+def mac_int(mac: str) -> int:
+    return int(mac.replace(":", ""), 16)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker: its rank's address and the switch port that reaches it."""
+
+    ip: str
+    udp_port: int
+    mac: str
+    switch_port: int
+
+
+@dataclass
+class Job:
+    """One admitted job, as the controller would install it."""
+
+    job_id: int
+    job_index: int
+    workers: list[Worker]
+    slot_base: int = 0
+    slot_count: int = 16
+    epoch: int = 1
+    mcast_grp: int = 0  # 0: job_index + 1
+    fan_in: int = 0  # 0: len(workers)
+
+    @property
+    def group(self) -> int:
+        return self.mcast_grp or self.job_index + 1
+
+    @property
+    def w(self) -> int:
+        return self.fan_in or len(self.workers)
+
+
+def table_entry(index: P4InfoIndex, table: str, match: dict[str, int | tuple[int, int]], action: str,
+                **params: int) -> p4v1.TableEntry:
+    """A TableEntry by names; an LPM field's value is (value, prefix_len)."""
+    info = index.table(table)
+    entry = p4v1.TableEntry(table_id=info.id)
+    for name, value in match.items():
+        mf = info.match_field(name)
+        fm = entry.match.add(field_id=mf.id)
+        if isinstance(value, tuple):
+            fm.lpm.value, fm.lpm.prefix_len = canonical(value[0]), value[1]
+        else:
+            fm.exact.value = canonical(value)
+    spec = index.action(action)
+    entry.action.action.action_id = spec.id
+    for name, value in params.items():
+        entry.action.action.params.add(param_id=spec.param(name).id, value=canonical(value))
+    return entry
+
+
+def update(kind: int, entity: p4v1.TableEntry | p4v1.MulticastGroupEntry) -> p4v1.Update:
+    up = p4v1.Update(type=kind)
+    if isinstance(entity, p4v1.TableEntry):
+        up.entity.table_entry.CopyFrom(entity)
+    else:
+        up.entity.packet_replication_engine_entry.multicast_group_entry.CopyFrom(entity)
+    return up
+
+
+def job_updates(index: P4InfoIndex, job: Job, kind: int = p4v1.Update.INSERT) -> list[p4v1.Update]:
+    """jobs, workers and replicas entries plus the multicast group of ``job``."""
+    updates = [update(kind, table_entry(
+        index, "LhcIngress.jobs", {"hdr.lhc.job_id": job.job_id}, "LhcIngress.set_job",
+        job_index=job.job_index, slot_base=job.slot_base, slot_count=job.slot_count, fan_in=job.w,
+        mcast_grp=job.group, epoch=job.epoch,
+    ))]
+    group = p4v1.MulticastGroupEntry(multicast_group_id=job.group)
+    for rank, worker in enumerate(job.workers):
+        updates.append(update(kind, table_entry(
+            index, "LhcIngress.workers",
+            {"hdr.lhc.job_id": job.job_id, "hdr.lhc.worker_id": rank, "hdr.ipv4.src_addr": ip_int(worker.ip)},
+            "LhcIngress.admit_worker", worker_bit=1 << rank,
+        )))
+        updates.append(update(kind, table_entry(
+            index, "LhcEgress.replicas", {"hdr.lhc.job_id": job.job_id, "standard_metadata.egress_rid": rank},
+            "LhcEgress.set_replica_dst", dst_mac=mac_int(worker.mac), dst_addr=ip_int(worker.ip),
+            dst_port=worker.udp_port,
+        )))
+        group.replicas.add(egress_port=worker.switch_port, instance=rank)
+    updates.append(update(kind, group))
+    return updates
+
+
+def data_packet(job: Job, rank: int, words: np.ndarray | list[int], *, slot: int = 0, ver: int = 0,
+                seq: int = 0, op: int = c.Op.ADD, **header: int) -> bytes:
+    """The lhc bytes (header + LANES words) of worker ``rank``'s DATA packet."""
+    fields = {"msg_type": c.MsgType.DATA, "op": op, "ver": ver, "worker_id": rank, "job_id": job.job_id,
+              "slot": slot, "epoch": job.epoch, "seq": seq, **header}
+    return pack_packet(LhcHeader(**fields), words)
+
+
+def data_frame(job: Job, rank: int, words: np.ndarray | list[int], *, src_ip: str | None = None,
+               dst_port: int = c.UDP_PORT_BASE, **kwargs: int) -> bytes:
+    """The Ethernet frame of ``data_packet``, from the worker's address to the switch's."""
+    worker = job.workers[rank]
+    return build_frame(
+        data_packet(job, rank, words, **kwargs), src_mac=worker.mac, dst_mac=SWITCH_MAC,
+        src_ip=src_ip or worker.ip, dst_ip=SWITCH_IP, src_port=worker.udp_port, dst_port=dst_port,
+    )
+
+
+def make_job(job_id: int, job_index: int, workers: int, *, first_port: int = 1, **kwargs: int) -> Job:
+    """A job of ``workers`` ranks at 10.<job_index>.0.<rank+1>, rank r behind switch port first_port + r."""
+    members = [
+        Worker(f"10.{job_index}.0.{rank + 1}", 40000 + rank, f"02:00:00:{job_index:02x}:00:{rank + 1:02x}",
+               first_port + rank)
+        for rank in range(workers)
+    ]
+    return Job(job_id, job_index, members, **kwargs)
