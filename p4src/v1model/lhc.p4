@@ -162,7 +162,7 @@ control LhcIngress(inout lhc_headers_t hdr,
     apply {
         bool is_lhc = hdr.udp.isValid() && (hdr.udp.dst_port & LHC_UDP_PORT_MASK) == LHC_UDP_PORT_BASE;
         if (is_lhc) {
-            bit<32> stat;
+            bit<32> stat = LHC_STAT_DROP_MALFORMED;
             meta.job_index = 0;
             if (standard_metadata.parser_error != error.NoError || !hdr.payload.isValid()
                     || hdr.udp.length != LHC_UDP_LENGTH
@@ -188,17 +188,15 @@ control LhcIngress(inout lhc_headers_t hdr,
                                    + (bit<32>)hdr.lhc.ver;
                     bit<32> other = cell ^ 1;  // SLOT_COPIES == 2: the other shadow copy
                     bit<32> vbase = cell * LHC_LANES;
-                    bit<16> cell_epoch;
-                    bit<32> bitmap;
-                    bit<8> remaining;
+                    bit<16> cell_epoch = 0;
+                    bit<32> bitmap = 0;
+                    bit<8> remaining = 0;
                     slot_epoch.read(cell_epoch, cell);
                     if (cell_epoch != hdr.lhc.epoch) {
                         // Lazy reset of this copy; the other copy resets on its own epoch check.
                         slot_epoch.write(cell, hdr.lhc.epoch);
                         slot_bitmap.write(cell, 0);
                         slot_remaining.write(cell, 0);
-                        bitmap = 0;
-                        remaining = 0;
                     } else {
                         slot_bitmap.read(bitmap, cell);
                         slot_remaining.read(remaining, cell);
@@ -226,7 +224,7 @@ control LhcIngress(inout lhc_headers_t hdr,
                         }
                     } else {
                         // The worker holds the other copy's result: that copy no longer owes it one.
-                        bit<32> other_bitmap;
+                        bit<32> other_bitmap = 0;
                         slot_bitmap.read(other_bitmap, other);
                         slot_bitmap.write(other, other_bitmap & ~meta.worker_bit);
                         if (remaining == 0) {
