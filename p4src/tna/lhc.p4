@@ -18,8 +18,6 @@
 #include <core.p4>
 #include <tna.p4>
 
-// Metadata starts at zero (flags such as meta.first are only ever set).
-@pa_auto_init_metadata
 
 #include "../shared/headers.p4"
 
@@ -100,6 +98,12 @@ parser LhcIngressParser(packet_in packet,
     state start {
         packet.extract(ig_intr_md);
         packet.advance(PORT_METADATA_SIZE);
+        // The flags below are only ever set by the ingress control: start them at zero.
+        meta.job_index = 0;
+        meta.worker_bit = 0;
+        meta.first = 0;
+        meta.finished = 0;
+        meta.stat = LHC_STAT_DROP_MALFORMED;
         transition select(ig_intr_md.ingress_port[6:0]) {
             LHC_RECIRC_PORT_LOCAL: parse_recirc;
             default: parse_ethernet;
