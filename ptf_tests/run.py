@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ports", type=int, default=8, help="veth pairs = PTF ports 1..N (default 8)")
     parser.add_argument("--p4info", type=Path, default=V1MODEL_P4INFO)
     parser.add_argument("--log-dir", type=Path, default=None, help="default build/ptf/<target>")
-    parser.add_argument("--log-level", default="info", help="softswitch's --log-level")
+    parser.add_argument("--log-level", default="INFO", help="softswitch's --log-level (DEBUG, INFO, ...)")
     parser.add_argument("--negative-timeout", type=float, default=None, help="seconds; default per target")
     parser.add_argument("--failfast", action="store_true")
     parser.add_argument("tests", nargs="*", help="ptf test specs (module or module.Class); default all")

@@ -68,7 +68,7 @@ def _executable(name: str) -> str:
     return found
 
 
-def start_softswitch(pairs: list[VethPair], log_dir: Path, log_level: str = "info") -> Target:
+def start_softswitch(pairs: list[VethPair], log_dir: Path, log_level: str = "INFO") -> Target:
     """``lhc-softswitch`` on the switch ends; ready once it prints its one startup line on stdout."""
     grpc_addr = f"127.0.0.1:{free_tcp_port()}"
     command = [
@@ -148,7 +148,7 @@ def start_bmv2(pairs: list[VethPair], log_dir: Path, json_path: Path = BMV2_JSON
     return Target("bmv2", process, grpc_addr, device_config, log_path)
 
 
-def start(name: str, pairs: list[VethPair], log_dir: Path, *, log_level: str = "info") -> Target:
+def start(name: str, pairs: list[VethPair], log_dir: Path, *, log_level: str = "INFO") -> Target:
     """Start ``name`` (softswitch or bmv2) on the switch ends of ``pairs``, logging into ``log_dir``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     if name == "softswitch":
