@@ -439,17 +439,24 @@ class P4RuntimeClient:
         self._arbitration: queue.Queue[p4runtime_pb2.StreamMessageResponse | BaseException] = queue.Queue()
         self._stream: Any = None
         self._reader: threading.Thread | None = None
+        self._primary = False
 
     # -- connection --
     def __enter__(self) -> P4RuntimeClient:
-        return self.connect()
+        """Connect as primary, unless ``connect`` was already called (``with client.connect(...) as c``)."""
+        return self if self._channel is not None else self.connect()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def connect(self) -> P4RuntimeClient:
-        """Open the channel and become primary; raises ``P4RuntimeError`` if the device is unreachable or
-        another controller holds a higher election id."""
+    def connect(self, *, require_primary: bool = True) -> P4RuntimeClient:
+        """Open the channel and send the arbitration; raises ``P4RuntimeError`` if the device is
+        unreachable or, with ``require_primary``, if another controller holds a higher election id.
+        Without it the client stays connected as a backup (``is_primary`` tells which; a backup may read
+        but not write)."""
+        self._requests = queue.Queue()
+        self._arbitration = queue.Queue()
+        self._primary = False
         self._channel = grpc.insecure_channel(self.address)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=self.timeout)
@@ -480,7 +487,7 @@ class P4RuntimeClient:
                 raise P4RuntimeError.from_rpc("arbitration", reply) from reply
             raise P4RuntimeError("arbitration", None, str(reply)) from reply
         status = reply.arbitration.status
-        if status.code != code_pb2.OK:
+        if status.code != code_pb2.OK and require_primary:
             self.close()
             raise P4RuntimeError(
                 "arbitration",
@@ -510,11 +517,18 @@ class P4RuntimeClient:
                 return
             yield request
 
+    @property
+    def is_primary(self) -> bool:
+        """Whether the device's latest arbitration message to this client said it is primary."""
+        return self._primary
+
     def _read_stream(self) -> None:
-        """Deliver arbitration replies; other stream messages (packet-in, digests) are not used here."""
+        """Track arbitration messages (the device sends one to each client whenever the primary changes);
+        other stream messages (packet-in, digests) are not used here."""
         try:
             for response in self._stream:
                 if response.WhichOneof("update") == "arbitration":
+                    self._primary = response.arbitration.status.code == code_pb2.OK
                     self._arbitration.put(response)
         except grpc.RpcError as error:
             if error.code() != grpc.StatusCode.CANCELLED:

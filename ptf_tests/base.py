@@ -39,6 +39,8 @@ from ptf_tests import frames
 from ptf_tests.frames import Worker
 
 STATS = "LhcIngress.lhc_stats"
+#: The suite's primary connection; a test may connect a backup with a lower id.
+SESSION_ELECTION_ID = 10
 #: How long a positive wait (a packet, a counter) may take before the test fails.
 POSITIVE_TIMEOUT = 3.0
 
@@ -94,7 +96,7 @@ class _Session:
             client = P4RuntimeClient(
                 params.get("grpc_addr", "127.0.0.1:9559"),
                 device_id=int(params.get("device_id", 1)),
-                election_id=1,
+                election_id=SESSION_ELECTION_ID,
                 p4info=p4info,
             ).connect()
             client.set_pipeline(p4info, device_config)
@@ -154,10 +156,11 @@ class LhcTest(BaseTest):
         fan_in: int | None = None,
         mcast_grp: int | None = None,
         epoch: int | None = None,
+        rewrites: Sequence[Worker] | None = None,
     ) -> Job:
         """Install a job with its `jobs` entry, one `workers` entry per worker, a multicast group with one
-        replica per worker (port, instance = rank) and each replica's rewrite. ``workers`` is a count
-        (spread over the PTF ports) or explicit workers."""
+        replica per worker (port, instance = rank) and each replica's rewrite (of ``rewrites`` only, when
+        given). ``workers`` is a count (spread over the PTF ports) or explicit workers."""
         members = tuple(
             frames.make_workers(job_id, workers, self.ports) if isinstance(workers, int) else workers
         )
@@ -174,7 +177,7 @@ class LhcTest(BaseTest):
         self.install(self.job_entry(job))
         self.add_workers(job, members)
         self.install(multicast_group_entry(job.mcast_grp, [(w.port, w.rank) for w in members]))
-        self.add_replicas(job, members)
+        self.add_replicas(job, members if rewrites is None else rewrites)
         return job
 
     def job_entry(self, job: Job, **changes: int) -> p4runtime_pb2.TableEntry:

@@ -8,8 +8,8 @@ import dataclasses
 
 from google.rpc import code_pb2
 
-from lhc_ina.p4rt import P4RuntimeError, decode_table_entry
-from ptf_tests.base import LhcTest, next_epoch
+from lhc_ina.p4rt import P4RuntimeClient, P4RuntimeError, decode_table_entry
+from ptf_tests.base import SESSION_ELECTION_ID, LhcTest, next_epoch
 
 
 class EntriesReadBack(LhcTest):
@@ -74,3 +74,27 @@ def _codes(error: P4RuntimeError) -> set[int]:
     if error.code is not None:
         codes.add(error.code.value[0])
     return codes
+
+
+class BackupCannotWrite(LhcTest):
+    """A second controller with a lower election id is a backup: it may read, its writes are refused with
+    PERMISSION_DENIED, and the primary keeps writing."""
+
+    def runTest(self) -> None:
+        backup = P4RuntimeClient(
+            self.client.address,
+            device_id=self.client.device_id,
+            election_id=SESSION_ELECTION_ID - 5,
+            p4info=self.client.p4info,
+        ).connect(require_primary=False)
+        try:
+            self.assertFalse(backup.is_primary)
+            self.assertEqual(backup.read_table("LhcIngress.jobs"), [])
+            entry = self.entities.table_entry("LhcIngress.jobs", {"hdr.lhc.job_id": 0x904})
+            with self.assertRaises(P4RuntimeError) as refused:
+                backup.insert(entry)
+            self.assertIn(code_pb2.PERMISSION_DENIED, _codes(refused.exception), str(refused.exception))
+        finally:
+            backup.close()
+        self.assertTrue(self.client.is_primary)
+        self.add_job(0x904, 1, job_index=23)

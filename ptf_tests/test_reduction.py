@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 from lhc_ina import constants as c
+from ptf_tests import frames
 from ptf_tests.base import LhcTest, reduce_round
 
 
@@ -67,3 +68,32 @@ class AnyPortInRangeAnyAddress(LhcTest):
             job, last, [x + y for x, y in zip(a, b, strict=True)], switch_ip=switch_ip, dport=dport
         )
         self.assert_stats({(3, c.Stat.ABSORBED): 1, (3, c.Stat.RESULT): 1})
+
+
+class FanInBelowAdmitted(LhcTest):
+    """The slot completes after `fan_in` distinct workers, whichever they are; the result goes to the
+    whole group and its bitmap names the contributors."""
+
+    def runTest(self) -> None:
+        job = self.add_job(0x121, 3, job_index=3, fan_in=2)
+        w0, _, w2 = job.workers
+        self.contribute(job, w2, [5] * c.LANES, slot=0, seq=1)
+        self.wait_stats({(3, c.Stat.ABSORBED): 1})
+        last = self.contribute(job, w0, [6] * c.LANES, slot=0, seq=1)
+        self.expect_result(job, last, [11] * c.LANES, bitmap=w0.bit | w2.bit)
+        self.assert_stats({(3, c.Stat.ABSORBED): 1, (3, c.Stat.RESULT): 1})
+
+
+class ReplicaWithoutRewriteDropped(LhcTest):
+    """A multicast copy whose (job, rank) has no `replicas` entry is dropped in egress; the others leave."""
+
+    def runTest(self) -> None:
+        workers = frames.make_workers(0x122, 3, self.ports)
+        job = self.add_job(0x122, workers, job_index=3, rewrites=workers[:2])
+        self.contribute(job, workers[0], [1] * c.LANES, slot=0, seq=1)
+        self.contribute(job, workers[1], [2] * c.LANES, slot=0, seq=1)
+        self.wait_stats({(3, c.Stat.ABSORBED): 2})
+        last = self.contribute(job, workers[2], [3] * c.LANES, slot=0, seq=1)
+        copies = [(w.port, frames.result_copy(last, [6] * c.LANES, job.full_mask, w)) for w in workers[:2]]
+        self.expect_packets(copies)
+        self.assert_stats({(3, c.Stat.ABSORBED): 2, (3, c.Stat.RESULT): 1})

@@ -331,9 +331,12 @@ def test_client_becomes_primary_writes_and_reads(fake_server: tuple[str, _FakeP4
         entry = client.entities.table_entry("LhcIngress.jobs", {"hdr.lhc.job_id": 9})
         client.insert(entry)
         assert client.read_table("LhcIngress.jobs") == [entry]
-        # A lower election id is refused while the first client holds the stream.
+        assert client.is_primary
+        # A lower election id is refused while the first client holds the stream, or stays a backup.
         with pytest.raises(P4RuntimeError, match="not primary"):
             P4RuntimeClient(address, election_id=2, timeout=5).connect()
+        with P4RuntimeClient(address, election_id=3, timeout=5).connect(require_primary=False) as backup:
+            assert not backup.is_primary
     assert len(servicer.written) == 1
 
 
