@@ -39,6 +39,7 @@ _PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20; older kernels: the pkttype check 
 _SOL_PACKET = 263
 _MAX_PORT = (1 << 9) - 2  # 9-bit ports; 511 is v1model's drop port
 _SOCKET_BUFFER = 4 << 20  # bytes: absorbs bursts of a few thousand lhc packets
+_U16 = struct.Struct("!H")
 
 
 class PortSpecError(ValueError):
@@ -168,8 +169,10 @@ class UdpPort:
         total = self._fixed_sum + src_sum + total_len
         total = (total & 0xFFFF) + (total >> 16)
         total = (total & 0xFFFF) + (total >> 16)
-        struct.pack_into("!HxxxxxxH", rx, 16, total_len, ~total & 0xFFFF)
-        struct.pack_into("!H2xH", rx, 34, sport, c.UDP_BYTES + size)
+        _U16.pack_into(rx, 16, total_len)
+        _U16.pack_into(rx, 24, ~total & 0xFFFF)
+        _U16.pack_into(rx, 34, sport)
+        _U16.pack_into(rx, 38, c.UDP_BYTES + size)
         return _HEADERS + size
 
     def send(self, frame: memoryview) -> None:
