@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=8, help="simulated workers W (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=5.0,
                         help="duration of each case (default %(default)s)")
-    parser.add_argument("--window", type=int, default=64,
+    parser.add_argument("--window", type=int, default=128,
                         help="aggregation rounds in flight (default %(default)s); at most the slot count")
     parser.add_argument("--slots", type=int, default=256, help="the job's slot count (default %(default)s)")
     parser.add_argument("--case", choices=["udp", "pipeline", "all"], default="all")

@@ -54,6 +54,20 @@ _U32 = struct.Struct("!I")
 _BYTE0_KEEP = 0x0F  # op, ver, flags of lhc byte 0 travel into results; msg_type is the high nibble
 _BITMAP = _LHC + 12  # offset of hdr.lhc.bitmap
 
+# Plain ints for the hot path: an IntEnum member or a module attribute costs a lookup per use.
+_S = c.Stat
+_ABSORBED, _RESULT, _RETX = int(_S.ABSORBED), int(_S.RESULT), int(_S.RETX)
+_DROP_DUPLICATE, _DROP_MALFORMED = int(_S.DROP_DUPLICATE), int(_S.DROP_MALFORMED)
+_DROP_BAD_TYPE, _DROP_BAD_OP = int(_S.DROP_BAD_TYPE), int(_S.DROP_BAD_OP)
+_DROP_UNKNOWN_JOB, _DROP_STALE_EPOCH = int(_S.DROP_UNKNOWN_JOB), int(_S.DROP_STALE_EPOCH)
+_DROP_SLOT_RANGE, _DROP_BAD_WORKER = int(_S.DROP_SLOT_RANGE), int(_S.DROP_BAD_WORKER)
+_DATA, _RESULT_TYPE = int(c.MsgType.DATA), int(c.MsgType.RESULT)
+_RESULT_RETX_TYPE = int(c.MsgType.RESULT_RETX)
+_OP_ADD, _OP_OR = int(c.Op.ADD), int(c.Op.OR)
+_PORT_MASK, _PORT_BASE = c.UDP_PORT_MASK, c.UDP_PORT_BASE
+_UDP_LENGTH, _IPV4_TOTAL_LENGTH = c.UDP_LENGTH, c.IPV4_TOTAL_LENGTH
+_NUM_STATS, _SLOT_COPIES = c.NUM_STATS, c.SLOT_COPIES
+
 # Parser outcome: the deepest header extracted (each level implies the ones before it are valid).
 _NONE, _ETHERNET, _IPV4_VALID, _UDP_VALID, _LHC_VALID, _PAYLOAD_VALID = range(6)
 
@@ -178,7 +192,7 @@ class Pipeline:
         self.slot_bitmap = np.zeros(cells, np.uint32)
         self.slot_remaining = np.zeros(cells, np.uint8)
         self.slot_values = np.zeros((cells, c.LANES), np.uint32)
-        self.max_slots = cells // c.SLOT_COPIES
+        self.max_slots = cells // _SLOT_COPIES
         stats = p4info.counter(STATS_COUNTER).size
         self.stats_packets = np.zeros(stats, np.uint64)
         self.stats_bytes = np.zeros(stats, np.uint64)
@@ -189,6 +203,7 @@ class Pipeline:
         self._rows = list(self.slot_values)  # one view per cell, made once
         self._stat_packets = memoryview(self.stats_packets)
         self._stat_bytes = memoryview(self.stats_bytes)
+        self._stat_cells = stats
 
         self.rx = bytearray(RX_BYTES)
         self.rxv = memoryview(self.rx)
@@ -212,7 +227,7 @@ class Pipeline:
             return
         level, error = self._parse(length)
         rx = self.rx
-        if level >= _UDP_VALID and (rx[36] << 8 | rx[37]) & c.UDP_PORT_MASK == c.UDP_PORT_BASE:
+        if level >= _UDP_VALID and (rx[36] << 8 | rx[37]) & _PORT_MASK == _PORT_BASE:
             self._lhc_ingress(length, ingress_port, level, error, emit)
         elif not error:
             self._forward_ingress(length, level, emit)
@@ -236,7 +251,7 @@ class Pipeline:
             return _IPV4_VALID, False
         if length < _LHC:
             return _IPV4_VALID, True
-        if (rx[36] << 8 | rx[37]) & c.UDP_PORT_MASK != c.UDP_PORT_BASE:  # parse_udp: not lhc -> accept
+        if (rx[36] << 8 | rx[37]) & _PORT_MASK != _PORT_BASE:  # parse_udp: not lhc -> accept
             return _UDP_VALID, False
         if length < _PAYLOAD:  # parse_lhc: extract(hdr.lhc)
             return _UDP_VALID, True
@@ -251,48 +266,48 @@ class Pipeline:
         rx = self.rx
         job_index = 0
         if error or level != _PAYLOAD_VALID:
-            stat = c.Stat.DROP_MALFORMED
+            stat = _DROP_MALFORMED
         else:
             (_, _, total_len, _, _, src, _, _, _, udp_len, byte0, worker_id, job_id, slot, epoch) = (
                 _HEADERS.unpack_from(rx)
             )
-            if udp_len != c.UDP_LENGTH or total_len != c.IPV4_TOTAL_LENGTH or byte0 & 1:
-                stat = c.Stat.DROP_MALFORMED
-            elif byte0 >> 4 != c.MsgType.DATA:
-                stat = c.Stat.DROP_BAD_TYPE
-            elif (byte0 >> 2) & 3 > c.Op.OR:
-                stat = c.Stat.DROP_BAD_OP
+            if udp_len != _UDP_LENGTH or total_len != _IPV4_TOTAL_LENGTH or byte0 & 1:
+                stat = _DROP_MALFORMED
+            elif byte0 >> 4 != _DATA:
+                stat = _DROP_BAD_TYPE
+            elif (byte0 >> 2) & 3 > _OP_OR:
+                stat = _DROP_BAD_OP
             else:
                 job = self.jobs.entries.get(job_id)
                 if job is None:  # miss: the default action (unknown_job) runs
                     default = self.jobs.default
                     job_index = default[1] if default[0] == SET_JOB else 0
-                    stat = c.Stat.DROP_UNKNOWN_JOB
+                    stat = _DROP_UNKNOWN_JOB
                 else:
                     _, job_index, slot_base, slot_count, fan_in, mcast_grp, job_epoch = job
                     if epoch != job_epoch:
-                        stat = c.Stat.DROP_STALE_EPOCH
+                        stat = _DROP_STALE_EPOCH
                     elif slot >= slot_count or slot_base + slot >= self.max_slots:
-                        stat = c.Stat.DROP_SLOT_RANGE
+                        stat = _DROP_SLOT_RANGE
                     else:
                         worker = self.workers.entries.get((job_id << 40) | (worker_id << 32) | src)
                         if worker is None:
-                            stat = c.Stat.DROP_BAD_WORKER
+                            stat = _DROP_BAD_WORKER
                         else:
                             stat = self._aggregate(
-                                (slot_base + slot) * c.SLOT_COPIES + ((byte0 >> 1) & 1),
+                                (slot_base + slot) * _SLOT_COPIES + ((byte0 >> 1) & 1),
                                 epoch,
                                 worker[1] if worker[0] == ADMIT_WORKER else 0,
                                 fan_in,
                                 byte0,
                             )
-        index = job_index * c.NUM_STATS + stat
-        if index < len(self._stat_packets):  # an index past the counter counts nothing
+        index = job_index * _NUM_STATS + stat
+        if index < self._stat_cells:  # an index past the counter counts nothing
             self._stat_packets[index] += 1
             self._stat_bytes[index] += length
-        if stat == c.Stat.RESULT:
+        if stat == _RESULT:
             self._replicate(mcast_grp, job_id, length, emit)
-        elif stat == c.Stat.RETX:
+        elif stat == _RETX:
             self._egress(ingress_port, 0, True, length, emit)
 
     def _aggregate(self, cell: int, epoch: int, worker_bit: int, fan_in: int, byte0: int) -> int:
@@ -311,16 +326,16 @@ class Pipeline:
         row = self._rows[cell]
         if bitmap & worker_bit:
             if remaining:
-                return c.Stat.DROP_DUPLICATE
+                return _DROP_DUPLICATE
             # Duplicate of a finished copy: the stored result goes back to the sender.
             self._payload[:] = row
-            rx[_LHC] = (c.MsgType.RESULT_RETX << 4) | (byte0 & _BYTE0_KEEP)
+            rx[_LHC] = (_RESULT_RETX_TYPE << 4) | (byte0 & _BYTE0_KEEP)
             _U32.pack_into(rx, _BITMAP, bitmap)
             rx[0:6], rx[6:12] = rx[6:12], rx[0:6]
             rx[26:30], rx[30:34] = rx[30:34], rx[26:30]
             rx[34:36], rx[36:38] = rx[36:38], rx[34:36]
             rx[40] = rx[41] = 0  # udp.checksum
-            return c.Stat.RETX
+            return _RETX
         other = cell ^ 1  # SLOT_COPIES == 2: the other shadow copy of the slot
         bitmaps[other] = bitmaps[other] & ~worker_bit & 0xFFFFFFFF
         if not remaining:  # first of a round: the packet's words become the value (and stay the payload)
@@ -328,7 +343,7 @@ class Pipeline:
             bitmap = worker_bit
             remaining = (fan_in - 1) & 0xFF
         else:
-            if (byte0 >> 2) & 3 == c.Op.ADD:
+            if (byte0 >> 2) & 3 == _OP_ADD:
                 np.add(row, self._payload, out=row)  # uint32: wraps mod 2^32
             else:
                 np.bitwise_or(row, self._payload, out=row)
@@ -339,15 +354,15 @@ class Pipeline:
         bitmaps[cell] = bitmap
         remainings[cell] = remaining
         if remaining:
-            return c.Stat.ABSORBED
+            return _ABSORBED
         # The last contribution: the packet becomes the result, sourced from the switch's address.
-        rx[_LHC] = (c.MsgType.RESULT << 4) | (byte0 & _BYTE0_KEEP)
+        rx[_LHC] = (_RESULT_TYPE << 4) | (byte0 & _BYTE0_KEEP)
         _U32.pack_into(rx, _BITMAP, bitmap)
         rx[6:12] = rx[0:6]
         rx[26:30] = rx[30:34]
         rx[34:36] = rx[36:38]
         rx[40] = rx[41] = 0
-        return c.Stat.RESULT
+        return _RESULT
 
     # --- LhcIngress: everything else ---------------------------------------------------------------
     def _forward_ingress(self, length: int, level: int, emit: Emit) -> None:
@@ -392,7 +407,7 @@ class Pipeline:
         if port == DROP_PORT:
             return
         rx = self.rx
-        if is_lhc and rx[_LHC] >> 4 == c.MsgType.RESULT:
+        if is_lhc and rx[_LHC] >> 4 == _RESULT_TYPE:
             action = self.replicas.entries.get((rx[44] << 8 | rx[45]) << 16 | egress_rid)
             if action is None:
                 action = self.replicas.default
@@ -422,5 +437,5 @@ class Pipeline:
 
     def stats(self, job_index: int) -> dict[str, int]:
         """One job's row of lhc_stats as {Stat name: packets}, zero cells left out."""
-        row = self.stats_packets[job_index * c.NUM_STATS : (job_index + 1) * c.NUM_STATS]
+        row = self.stats_packets[job_index * _NUM_STATS : (job_index + 1) * _NUM_STATS]
         return {c.Stat(i).name: int(v) for i, v in enumerate(row[: len(c.Stat)]) if v}
