@@ -1,0 +1,196 @@
+"""``lhc-softswitch`` as a process in UDP mode: startup line, aggregation over loopback, clean shutdown,
+and a bounded fuzz run (malformed and random datagrams while a job aggregates)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+from p4.v1 import p4runtime_pb2 as p4v1
+from p4.v1 import p4runtime_pb2_grpc
+
+from lhc_ina import constants as c
+from lhc_ina import wire
+from lhc_ina.p4info import P4InfoIndex
+from softswitch.cli import READY
+from softswitch.ports import parse_port_specs
+from softswitch.testing import Job, Worker, data_packet, job_updates
+
+INDEX = P4InfoIndex.from_file()
+RNG = np.random.default_rng(11)
+
+
+class Softswitch:
+    """An lhc-softswitch process on a random loopback address's lhc port, with a P4Runtime stub."""
+
+    def __init__(self) -> None:
+        for _ in range(5):
+            self.host = f"127.{RNG.integers(1, 255)}.{RNG.integers(0, 256)}.{RNG.integers(1, 255)}"
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "softswitch.cli", "--grpc-addr", "127.0.0.1:0",
+                 "--udp", f"1@{self.host}:{c.UDP_PORT_BASE}", "--log-level", "INFO"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            self.line = self.proc.stdout.readline()
+            if self.line.startswith(READY):
+                break
+            self.proc.wait()
+        else:
+            raise RuntimeError(f"softswitch did not start: {self.proc.stderr.read()}")
+        fields = dict(part.split("=", 1) for part in self.line[len(READY):].split())
+        self.channel = grpc.insecure_channel(fields["grpc"])
+        self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
+        request = p4v1.SetForwardingPipelineConfigRequest(
+            device_id=1, action=p4v1.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        request.config.p4info.CopyFrom(INDEX.p4info)
+        self.stub.SetForwardingPipelineConfig(request)
+        self.address = (self.host, c.UDP_PORT_BASE)
+
+    def read(self, entity: p4v1.Entity) -> list[p4v1.Entity]:
+        responses = self.stub.Read(p4v1.ReadRequest(device_id=1, entities=[entity]))
+        return [e for r in responses for e in r.entities]
+
+    def counters(self) -> np.ndarray:
+        everything = p4v1.Entity()
+        everything.counter_entry.counter_id = INDEX.counter("LhcIngress.lhc_stats").id
+        cells = np.zeros(c.MAX_JOBS * c.NUM_STATS, np.int64)
+        for entry in self.read(everything):
+            cells[entry.counter_entry.index.index] = entry.counter_entry.data.packet_count
+        return cells.reshape(c.MAX_JOBS, c.NUM_STATS)
+
+    def stop(self) -> tuple[int, str]:
+        self.channel.close()
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=10)
+        return self.proc.returncode, err
+
+
+@pytest.fixture
+def switch() -> Iterator[Softswitch]:
+    sw = Softswitch()
+    yield sw
+    if sw.proc.poll() is None:
+        sw.stop()
+
+
+def workers_socket(n: int) -> tuple[socket.socket, list[Worker]]:
+    """One socket for ``n`` workers (the switch tells them apart by worker_id)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(3)
+    port = sock.getsockname()[1]
+    return sock, [Worker("127.0.0.1", port, "02:00:00:00:00:01", 1) for _ in range(n)]
+
+
+def round_trip(sw: Softswitch, sock: socket.socket, job: Job, slot: int, ver: int) -> np.ndarray:
+    """One aggregation round; checks every copy and returns the expected sum."""
+    values = [RNG.integers(0, 1 << 32, c.LANES, dtype=np.uint64).astype(np.uint32) for _ in job.workers]
+    for rank, value in enumerate(values):
+        sock.sendto(data_packet(job, rank, value, slot=slot, ver=ver, seq=slot), sw.address)
+    expected = (np.sum(values, axis=0, dtype=np.uint64) % (1 << 32)).astype(np.uint32)
+    for _ in job.workers:
+        data, source = sock.recvfrom(2048)
+        header, words = wire.unpack_packet(data)
+        assert source == sw.address and header.msg_type == c.MsgType.RESULT
+        assert (header.slot, header.ver, header.bitmap) == (slot, ver, (1 << len(job.workers)) - 1)
+        np.testing.assert_array_equal(words, expected)
+    return expected
+
+
+def test_ready_line_aggregation_over_udp_and_clean_sigterm(switch):
+    assert switch.line.startswith(f"{READY} grpc=127.0.0.1:")
+    assert f"ports=1@{switch.host}:19520/udp" in switch.line
+    sock, workers = workers_socket(4)
+    job = Job(job_id=3, job_index=2, workers=workers, slot_count=8, epoch=9)
+    switch.stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(INDEX, job)))
+    for i in range(6):
+        round_trip(switch, sock, job, slot=i % 8, ver=(i // 8) & 1)
+    # A retransmission after completion comes back unicast as RESULT_RETX.
+    sock.sendto(data_packet(job, 1, np.zeros(c.LANES, np.uint32), slot=5, seq=5), switch.address)
+    header, _ = wire.unpack_packet(sock.recvfrom(2048)[0])
+    assert (header.msg_type, header.worker_id) == (c.MsgType.RESULT_RETX, 1)
+    assert switch.counters()[2, : c.Stat.DROP_DUPLICATE].tolist() == [18, 6, 1]
+    code, err = switch.stop()
+    assert code == 0 and "frames received, 0 raised" in err
+    sock.close()
+
+
+def _garbage(job: Job, worker_ids: int) -> bytes:
+    """One hostile datagram: random bytes, or a DATA packet of the job with one thing wrong."""
+    kind = RNG.integers(0, 8)
+    if kind == 0:
+        return RNG.bytes(int(RNG.integers(0, 600)))
+    valid = bytearray(data_packet(job, int(RNG.integers(0, worker_ids)), np.zeros(c.LANES, np.uint32),
+                                  slot=int(RNG.integers(0, 4))))
+    if kind == 1:
+        return bytes(valid[: int(RNG.integers(0, len(valid)))])  # truncated
+    if kind == 2:
+        return bytes(valid) + RNG.bytes(int(RNG.integers(1, 64)))  # too long
+    if kind == 3:
+        valid[0] = (int(RNG.integers(2, 16)) << 4) | (valid[0] & 0x0F)  # not DATA
+    elif kind == 4:
+        valid[0] |= 0x08 if RNG.integers(0, 2) else 0x01  # bad op or reserved flag
+    elif kind == 5:
+        valid[2:4] = int(RNG.integers(100, 1 << 16)).to_bytes(2, "big")  # unknown job
+    elif kind == 6:
+        valid[6:8] = (job.epoch + 1).to_bytes(2, "big")  # stale epoch
+    else:
+        valid[1] = int(RNG.integers(job.w, 256))  # unknown worker
+    return bytes(valid)
+
+
+@pytest.mark.timeout(60)
+def test_fuzz_leaves_the_job_exact_and_other_state_unchanged(switch):
+    """Bounded: 3000 hostile datagrams interleaved with 40 rounds, a few seconds in all."""
+    sock, workers = workers_socket(3)
+    job = Job(job_id=5, job_index=4, workers=workers, slot_count=4, slot_base=8, epoch=2)
+    bystander = Job(job_id=6, job_index=5, workers=workers, slot_count=4, slot_base=100, epoch=1,
+                    mcast_grp=77)
+    switch.stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(INDEX, job) + job_updates(
+        INDEX, bystander)))
+    everything = p4v1.Entity()
+    everything.table_entry.SetInParent()
+    tables_before = switch.read(everything)
+    attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    attacker.bind(("127.0.0.1", 0))
+    deadline = time.monotonic() + 20
+    for i in range(40):
+        assert time.monotonic() < deadline
+        for _ in range(75):
+            attacker.sendto(_garbage(job, 8), switch.address)
+        round_trip(switch, sock, job, slot=i % 4, ver=(i // 4) & 1)
+    assert switch.read(everything) == tables_before
+    counters = switch.counters()
+    assert counters[5].sum() == 0  # the bystander job saw nothing
+    assert counters[4, c.Stat.RESULT] == 40 and counters[4, c.Stat.ABSORBED] == 80
+    unexpected = set(np.flatnonzero(counters[4])) - {
+        c.Stat.ABSORBED, c.Stat.RESULT, c.Stat.RETX, c.Stat.DROP_DUPLICATE, c.Stat.DROP_STALE_EPOCH,
+        c.Stat.DROP_BAD_WORKER}
+    assert not unexpected
+    assert set(np.flatnonzero(counters[0])) <= {
+        c.Stat.DROP_MALFORMED, c.Stat.DROP_BAD_TYPE, c.Stat.DROP_BAD_OP, c.Stat.DROP_UNKNOWN_JOB}
+    # Still up and still exact for the bystander, whose slots nothing touched.
+    round_trip(switch, sock, bystander, slot=0, ver=0)
+    code, err = switch.stop()
+    assert code == 0 and "frames received, 0 raised" in err and "Traceback" not in err
+    sock.close()
+    attacker.close()
+
+
+def test_port_specs():
+    specs = parse_port_specs(["3@veth1"], ["127.0.0.1:19520", "7@127.0.0.2:0"])
+    assert [s.describe() for s in specs] == ["3@veth1", "1@127.0.0.1:19520/udp", "7@127.0.0.2:0/udp"]
+    for bad in (["x@veth1"], ["512@veth1"], ["1"]):
+        with pytest.raises(ValueError, match=r"port number|expected N@IFACE"):
+            parse_port_specs(bad, [])
+    with pytest.raises(ValueError, match="given twice"):
+        parse_port_specs(["1@veth1"], ["1@127.0.0.1:1"])
+    with pytest.raises(ValueError, match="not an IPv4 address"):
+        parse_port_specs([], ["1@localhost.x:5"])
