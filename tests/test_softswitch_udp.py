@@ -3,6 +3,7 @@ and a bounded fuzz run (malformed and random datagrams while a job aggregates)."
 
 from __future__ import annotations
 
+import select
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ from lhc_ina import constants as c
 from lhc_ina import wire
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.cli import READY
-from softswitch.ports import parse_port_specs
+from softswitch.ports import PortSpec, UdpPort, parse_port_specs
 from softswitch.testing import Job, Worker, data_packet, job_updates
 
 INDEX = P4InfoIndex.from_file()
@@ -194,3 +195,35 @@ def test_port_specs():
         parse_port_specs(["1@veth1"], ["1@127.0.0.1:1"])
     with pytest.raises(ValueError, match="not an IPv4 address"):
         parse_port_specs([], ["1@localhost.x:5"])
+
+
+def test_udp_port_synthesizes_a_valid_frame_and_sends_the_udp_payload():
+    rx = bytearray(70000)
+    port = UdpPort(PortSpec(4, host="127.0.0.1", udp_port=0), rx)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+    peer.settimeout(3)
+    try:
+        peer.sendto(b"lhc bytes", port.address)
+        select.select([port], [], [], 3)
+        length = port.receive()
+        frame = bytes(rx[:length])
+        assert length == 42 + 9 and frame[42:] == b"lhc bytes"
+        assert frame[0:6] == b"\x02\x00\x7f\x00\x00\x01" and frame[6:12] == b"\x02\x00\x7f\x00\x00\x01"
+        ip = frame[14:34]
+        assert wire.ipv4_checksum(ip[:10] + b"\0\0" + ip[12:]) == int.from_bytes(ip[10:12], "big")
+        assert (ip[9], int.from_bytes(ip[2:4], "big"), ip[8]) == (c.IP_PROTO_UDP, 20 + 8 + 9, 64)
+        udp = frame[34:42]
+        assert int.from_bytes(udp[0:2], "big") == peer.getsockname()[1]
+        assert int.from_bytes(udp[2:4], "big") == port.address[1] and udp[4:6] == (8 + 9).to_bytes(2, "big")
+        assert port.receive() == -1
+        # Out: the bytes after the UDP header go to (ipv4.dst, udp.dst); other frames cannot leave.
+        reply = bytearray(frame)
+        reply[30:34], reply[36:38] = ip[12:16], udp[0:2]
+        port.send(memoryview(reply))
+        assert peer.recvfrom(100) == (b"lhc bytes", port.address)
+        port.send(memoryview(bytes(60)))
+        assert port.dropped_non_udp == 1
+    finally:
+        port.close()
+        peer.close()
