@@ -70,20 +70,21 @@ def expand_bytes(byte_index: torch.Tensor, byte_value: torch.Tensor) -> torch.Te
     ``byte_index`` must be increasing and ``byte_value`` nonzero int64 in [1, 255]; O(bytes + set bits).
     """
     popcount, positions = _tables(byte_value.device)
-    counts = popcount[byte_value]
+    # gather on 1-D tensors: much faster than advanced indexing on CPU.
+    counts = popcount.gather(0, byte_value)
     ends = torch.cumsum(counts, 0)
     total = int(ends[-1]) if ends.numel() else 0
     owner = torch.repeat_interleave(counts, output_size=total)
-    rank = torch.arange(total, device=byte_value.device) - (ends - counts)[owner]
-    bit = positions[byte_value[owner] * 8 + rank]
-    return byte_index[owner] * 8 + bit
+    rank = torch.arange(total, device=byte_value.device).sub_((ends - counts).gather(0, owner))
+    bit = positions.gather(0, byte_value.gather(0, owner).mul_(8).add_(rank))
+    return byte_index.gather(0, owner).mul_(8).add_(bit)
 
 
 def set_bits(words: torch.Tensor) -> torch.Tensor:
     """Sorted positions (int64) of the set bits of an int32 word array."""
     as_bytes = words.view(torch.uint8)
     nz = torch.nonzero(as_bytes).squeeze(1)
-    return expand_bytes(nz, as_bytes[nz].to(torch.int64))
+    return expand_bytes(nz, as_bytes.gather(0, nz).to(torch.int64))
 
 
 def nonzero_positions(x: torch.Tensor) -> torch.Tensor:
@@ -99,4 +100,4 @@ def nonzero_positions(x: torch.Tensor) -> torch.Tensor:
     mask[:n].copy_(x)  # conversion to bool is x != 0
     groups = mask.view(torch.int64)
     g = torch.nonzero(groups).squeeze(1)
-    return expand_bytes(g, pack_flag_bytes(groups[g]))
+    return expand_bytes(g, pack_flag_bytes(groups.gather(0, g)))

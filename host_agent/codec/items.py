@@ -38,12 +38,12 @@ def gather_items(x: torch.Tensor, items: torch.Tensor, block: int) -> torch.Tens
     n = x.numel()
     full = n // block
     if block == 1:
-        return x[items].unsqueeze(1)
+        return x.gather(0, items).unsqueeze(1)
     rows = x[: full * block].view(full, block)
     if full * block == n or items.numel() == 0 or int(items[-1]) < full:
-        return rows[items]
+        return rows.index_select(0, items)
     out = torch.zeros((items.numel(), block), dtype=x.dtype, device=x.device)
-    out[:-1] = rows[items[:-1]]
+    out[:-1] = rows.index_select(0, items[:-1])
     tail = x[full * block :]
     out[-1, : tail.numel()] = tail
     return out
@@ -54,10 +54,10 @@ def scatter_items(out: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, bl
     n = out.numel()
     full = n // block
     if block == 1:
-        out[items] = rows.view(-1)
+        out.index_copy_(0, items, rows.view(-1))
         return
     if full * block == n or items.numel() == 0 or int(items[-1]) < full:
-        out[: full * block].view(full, block)[items] = rows
+        out[: full * block].view(full, block).index_copy_(0, items, rows)
         return
-    out[: full * block].view(full, block)[items[:-1]] = rows[:-1]
+    out[: full * block].view(full, block).index_copy_(0, items[:-1], rows[:-1])
     out[full * block :] = rows[-1, : n - full * block]

@@ -7,9 +7,13 @@ round takes every pure cell at once, records those candidates, and subtracts the
 
 Only cells touched in a round can become pure in the next, so each round works on the touched cells
 (O(peeled candidates)), not on the whole sketch: the total work is O(candidates), whatever the number of
-rounds. Values are kept in int64 while peeling (no overflow: each subtraction adds at most 2^32 in
-magnitude) and wrapped to int32 at the end; any pure cell of a candidate gives the same value, so the
-result does not depend on which one is used, on the order of atomics, or on the device.
+rounds. Values are kept in int64 while peeling (no overflow: each subtraction adds less than 2^32 in
+magnitude) and wrapped to int32 at the end. A candidate alone in two or three cells at once is peeled
+once: any of its pure cells holds the same value, so the result does not depend on which one is used,
+on the order of atomics, or on the device.
+
+Implementation note: on CPU, ``gather``/``scatter_add_``/``index_select`` on 1-D tensors are several
+times faster than advanced indexing (``t[idx]``) and a sort, so the loop uses only those.
 """
 
 from __future__ import annotations
@@ -34,37 +38,59 @@ class PeelResult:
         return torch.nonzero(~self.peeled).squeeze(1)
 
 
+_SHIFT = 40  # a cell's state is count * 2^40 + sum of its candidates' positions (< 2^40)
+_POS_MASK = (1 << _SHIFT) - 1
+
+
 def peel(ids: torch.Tensor, cells: torch.Tensor) -> PeelResult:
-    """Peel ``cells`` ((m, block) int32, aggregated) given each candidate's cells ``ids`` ((3, K) int64)."""
+    """Peel ``cells`` ((m, block) int32, aggregated) given each candidate's cells ``ids`` ((3, K) int64,
+    row t in table t's range ``[t * m/3, (t+1) * m/3)``)."""
     device = cells.device
     k = ids.shape[1]
     m, block = cells.shape
-    flat = ids.reshape(-1)
-    position = torch.arange(k, device=device).repeat(TABLES)
-    count = torch.zeros(m, dtype=torch.int64, device=device).index_add_(
-        0, flat, torch.ones_like(flat)
-    )
-    possum = torch.zeros(m, dtype=torch.int64, device=device).index_add_(0, flat, position)
+    if k >= 1 << 31:
+        raise ValueError("too many candidates for one sketch")
+    table_cells = m // TABLES
+    ids = ids.contiguous()
+    # count and position sum in one int64 per cell: one scatter and one gather per access, not two.
+    state = torch.zeros(m, dtype=torch.int64, device=device)
+    one = torch.arange(k, device=device).add_(1 << _SHIFT)
+    for t in range(TABLES):
+        state.scatter_add_(0, ids[t], one)
     acc = cells.to(torch.int64)
     values = torch.zeros((k, block), dtype=torch.int64, device=device)
-    peeled = torch.zeros(k, dtype=torch.bool, device=device)
-    frontier = torch.nonzero(count == 1).squeeze(1)
+    stamp = torch.full((k,), -1, dtype=torch.int64, device=device)
+    frontier = torch.nonzero(torch.bitwise_right_shift(state, _SHIFT) == 1).squeeze(1)
     rounds = 0
     while frontier.numel():
         rounds += 1
-        who = possum[frontier]
-        # A candidate may be alone in two or three cells at once: keep one cell per candidate.
-        who, order = torch.sort(who, stable=True)
-        first = torch.ones_like(who, dtype=torch.bool)
-        first[1:] = who[1:] != who[:-1]
-        who = who[first]
-        pure = frontier[order[first]]
-        v = acc[pure]
-        values[who] = v
-        peeled[who] = True
-        touched = ids[:, who].reshape(-1)
-        count.index_add_(0, touched, torch.full_like(touched, -1))
-        possum.index_add_(0, touched, -who.repeat(TABLES))
-        acc.index_add_(0, touched, -v.repeat(TABLES, 1))
-        frontier = touched[count[touched] == 1]
-    return PeelResult(wrap_int32(values.view(-1)).view(k, block), peeled, rounds)
+        who = state.gather(0, frontier).bitwise_and_(_POS_MASK)
+        # Keep one pure cell per candidate: every entry stamps its candidate, the last stamp wins.
+        key = torch.arange(frontier.numel(), device=device).add_(rounds << _SHIFT)
+        stamp.scatter_(0, who, key)
+        first = stamp.gather(0, who) == key
+        who = torch.masked_select(who, first)
+        pure = torch.masked_select(frontier, first)
+        gone = who.add(1 << _SHIFT).neg_()
+        if block == 1:
+            v = acc.view(-1).gather(0, pure)
+            values.view(-1).scatter_(0, who, v)
+        else:
+            v = acc.index_select(0, pure)
+            values.index_copy_(0, who, v)
+        v.neg_()
+        # Update the candidate's two other cells only: its pure cell is never touched or read again.
+        pure_table = torch.div(pure, table_cells, rounding_mode="floor")
+        nxt = []
+        for t in range(TABLES):
+            other = pure_table != t
+            w = torch.masked_select(who, other)
+            c = ids[t].gather(0, w)
+            state.scatter_add_(0, c, torch.masked_select(gone, other))
+            if block == 1:
+                acc.view(-1).scatter_add_(0, c, torch.masked_select(v.view(-1), other))
+            else:
+                acc.index_add_(0, c, v[other])
+            nxt.append(torch.masked_select(c, torch.bitwise_right_shift(state.gather(0, c), _SHIFT) == 1))
+        frontier = torch.cat(nxt)
+    return PeelResult(wrap_int32(values.view(-1)).view(k, block), stamp >= 0, rounds)
