@@ -1,0 +1,340 @@
+"""Tests of host_agent.codec: the invariant decode(aggregate(encode(x_1..x_W))) == x_1 + ... + x_W."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from host_agent.codec import CodecState, WorkerSession, aggregate_local, int_bound, reduce_words
+from host_agent.codec.arith import add_int32, wrap_int32
+from host_agent.codec.bits import nonzero_positions, pack_bits, set_bits
+from host_agent.codec.index import bloom_fp_rate, choose_index, encode_index, query_index
+from host_agent.codec.peeling import peel
+from host_agent.codec.quantize import dequantize, quantize
+from host_agent.codec.sketch import PEEL_THRESHOLD, SketchSpec, cell_ids, encode_sketch, sketch_cells
+from lhc_ina.constants import LANES, MAX_WORKERS, PAYLOAD_BYTES, Op
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PATTERNS = ("random", "zero", "dense", "identical", "disjoint", "bound")
+
+
+def make_inputs(seed, world, n, pattern, density, dtype=torch.int32, magnitude=None):
+    """``world`` int32 (or float32) tensors of length ``n`` with the given support pattern."""
+    g = torch.Generator().manual_seed(seed)
+    bound = int_bound(world)
+    if magnitude is None:
+        magnitude = 10.0 ** int(torch.randint(-3, 4, (), generator=g))
+    xs = []
+    shared = torch.rand(n, generator=g) < density
+    owner = torch.randint(0, world, (n,), generator=g)
+    for rank in range(world):
+        if pattern == "zero":
+            mask = torch.zeros(n, dtype=torch.bool)
+        elif pattern == "dense":
+            mask = torch.ones(n, dtype=torch.bool)
+        elif pattern == "identical":
+            mask = shared
+        elif pattern == "disjoint":
+            mask = (owner == rank) & (torch.rand(n, generator=g) < max(density * world, 0.05))
+        else:
+            mask = torch.rand(n, generator=g) < density
+        if dtype == torch.int32:
+            if pattern == "bound":
+                vals = torch.where(torch.rand(n, generator=g) < 0.5, bound, -bound)
+            else:
+                vals = torch.randint(-bound, bound + 1, (n,), generator=g)
+            x = torch.where(mask, vals, 0).to(torch.int32)
+        else:
+            x = torch.where(mask, torch.randn(n, generator=g) * magnitude, 0.0)
+        xs.append(x)
+    return xs
+
+
+def exact_sum(xs):
+    return torch.stack([x.to(torch.int64) for x in xs]).sum(0).to(torch.int32)
+
+
+def assert_quantized_sum(result, xs):
+    """The float total is exactly the dequantized sum of the workers' quantized integers."""
+    s = result.stats["scale"]
+    q = torch.stack([quantize(x, s).to(torch.int64) for x in xs]).sum(0)
+    assert torch.equal(result.total, dequantize(q.to(torch.int32), s, xs[0].dtype))
+
+
+@SETTINGS
+@given(
+    seed=st.integers(0, 2**31),
+    world=st.one_of(st.integers(1, 8), st.sampled_from([16, 31, 32])),
+    n=st.integers(1, 700),
+    block=st.sampled_from([1, 1, 2, 3, 7, 16]),
+    mode=st.sampled_from(["sketch", "union", "dense"]),
+    pattern=st.sampled_from(PATTERNS),
+    density=st.sampled_from([0.005, 0.05, 0.3]),
+    index=st.sampled_from(["auto", "bitmap", "bloom"]),
+    chained=st.booleans(),
+)
+def test_integer_sum_is_bit_exact(seed, world, n, block, mode, pattern, density, index, chained):
+    xs = make_inputs(seed, world, n, pattern, density)
+    result = aggregate_local(xs, mode=mode, block=block, index=index, seed=seed)
+    assert result.total.dtype == torch.int32
+    assert torch.equal(result.total, exact_sum(xs))
+    if chained:  # the next round of the same bucket, sized from this one's state
+        xs2 = make_inputs(seed + 1, world, n, pattern, density)
+        again = aggregate_local(xs2, mode=mode, block=block, index=index, state=result.state, seed=seed)
+        assert torch.equal(again.total, exact_sum(xs2))
+        assert again.state.iteration == 2
+
+
+@SETTINGS
+@given(
+    seed=st.integers(0, 2**31),
+    world=st.integers(1, 12),
+    n=st.integers(1, 500),
+    block=st.sampled_from([1, 4]),
+    mode=st.sampled_from(["sketch", "union", "dense"]),
+    pattern=st.sampled_from(["random", "zero", "dense", "identical"]),
+)
+def test_float_sum_within_stated_bound(seed, world, n, block, mode, pattern):
+    xs = make_inputs(seed, world, n, pattern, 0.2, dtype=torch.float32)
+    result = aggregate_local(xs, mode=mode, block=block)
+    total = result.total
+    assert total.dtype == torch.float32
+    exact = torch.stack([x.double() for x in xs]).sum(0)
+    s = result.stats["scale"]
+    bound = world * 2.0 ** (-s - 1) + 2.0**-23 * total.double().abs() + 2.0**-149
+    assert bool(((total.double() - exact).abs() <= bound).all())
+    assert_quantized_sum(result, xs)  # and the quantized integers themselves are summed exactly
+
+
+@pytest.mark.parametrize("block", [1, 5])
+def test_forced_peeling_failure_is_still_exact(block):
+    xs = make_inputs(3, 6, 3001, "random", 0.05)
+    result = aggregate_local(xs, mode="sketch", block=block, cells=3, expected_items=10)
+    assert result.stats["residue"] > 0 and result.stats["fallback"]
+    assert torch.equal(result.total, exact_sum(xs))
+
+
+def test_underestimated_size_falls_back_exactly():
+    small = make_inputs(1, 4, 5000, "random", 0.001)
+    state = aggregate_local(small, mode="sketch").state
+    big = make_inputs(2, 4, 5000, "random", 0.2)  # 200x more items than the state expects
+    result = aggregate_local(big, mode="sketch", state=state)
+    assert result.stats["fallback"]
+    assert torch.equal(result.total, exact_sum(big))
+
+
+def test_steady_state_sketch_is_one_round_and_peels():
+    xs = make_inputs(5, 8, 200_000, "random", 0.01, dtype=torch.float32, magnitude=1.0)
+    first = aggregate_local(xs, mode="sketch")
+    assert first.stats["rounds"] == 2  # sizing/scale round, then index + sketch
+    xs2 = make_inputs(6, 8, 200_000, "random", 0.01, dtype=torch.float32, magnitude=1.0)
+    second = aggregate_local(xs2, mode="sketch", state=first.state)
+    assert second.stats["rounds"] == 1 and second.stats["residue"] == 0
+    assert second.stats["index"] == "bitmap"
+    union = aggregate_local(xs2, mode="union", state=first.state)
+    assert union.stats["rounds"] == 2
+    assert union.stats["bytes_per_worker"] < second.stats["bytes_per_worker"]
+    # sketch used the previous round's scale plus headroom, union the agreed one: both exact for theirs
+    assert_quantized_sum(second, xs2)
+    assert_quantized_sum(union, xs2)
+    assert union.stats["scale"] >= second.stats["scale"]  # the assumed scale keeps one binade spare
+
+
+def test_bloom_index_at_low_density_is_exact_and_small():
+    xs = make_inputs(7, 8, 400_000, "random", 0.0005)
+    state = aggregate_local(xs, mode="union").state
+    result = aggregate_local(xs, mode="union", state=state)
+    assert result.stats["index"] == "bloom"
+    assert result.stats["candidates"] >= result.stats["items"]
+    assert torch.equal(result.total, exact_sum(xs))
+    assert result.stats["bytes_per_worker"] < 400_000 // 8 // 2  # well under the bitmap alone
+
+
+def test_scale_redo_when_values_outgrow_the_headroom():
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.where(torch.rand(4000, generator=g) < 0.1, torch.randn(4000, generator=g), 0.0)] * 4
+    state = aggregate_local(xs, mode="sketch").state
+    same = aggregate_local([x * 1.5 for x in xs], mode="sketch", state=state)
+    assert not same.stats["scale_redo"]  # within one binade of headroom
+    grown = [x * 1000.0 for x in xs]
+    result = aggregate_local(grown, mode="sketch", state=state)
+    assert result.stats["scale_redo"] and result.stats["rounds"] == 2
+    assert_quantized_sum(result, grown)
+    dense = aggregate_local(grown, mode="dense", state=state)
+    assert dense.stats["rounds"] == 2 and torch.equal(dense.total, result.total)
+
+
+def test_known_support_matches_scan():
+    xs = make_inputs(11, 3, 10_000, "random", 0.01)
+    supports = [torch.nonzero(x).squeeze(1) for x in xs]
+    a = aggregate_local(xs, mode="sketch", supports=supports, block=4)
+    b = aggregate_local(xs, mode="sketch", block=4)
+    assert torch.equal(a.total, b.total) and torch.equal(a.total, exact_sum(xs))
+    with pytest.raises(ValueError, match="outside"):
+        aggregate_local(xs, supports=[torch.tensor([10_000])] * 3)
+
+
+def test_bytes_per_worker_counts_whole_packets():
+    xs = make_inputs(2, 5, 3333, "random", 0.02)
+    stats = aggregate_local(xs, mode="sketch").stats
+    packets = sum(math.ceil(step["words"] / LANES) for step in stats["steps"])
+    assert stats["packets"] == packets
+    assert stats["bytes_per_worker"] == packets * PAYLOAD_BYTES
+    assert stats["rounds"] == max(step["round"] for step in stats["steps"])
+
+
+def test_output_buffer_may_be_the_input():
+    xs = make_inputs(4, 3, 999, "random", 0.1)
+    expected = exact_sum(xs)
+    copies = [x.clone() for x in xs]
+    result = aggregate_local(copies, mode="sketch", outs=copies, cells=6)  # in place, with a fallback
+    assert torch.equal(result.total, expected)
+    assert all(torch.equal(c, expected) for c in copies)
+
+
+def test_session_can_be_driven_by_a_transport_with_pipelining():
+    xs = make_inputs(8, 4, 2000, "random", 0.05)
+    state = aggregate_local(xs, mode="sketch").state
+    sessions = [WorkerSession(x, r, 4, mode="sketch", state=state) for r, x in enumerate(xs)]
+    rounds = 0
+    while True:
+        batches = [[], [], [], []]
+        for r, s in enumerate(sessions):  # send everything that does not wait on a result
+            while True:
+                try:
+                    msg = s.next_message()
+                except RuntimeError:
+                    break
+                if msg is None:
+                    break
+                batches[r].append(msg)
+        if not batches[0]:
+            break
+        rounds += 1
+        for step in range(len(batches[0])):
+            msgs = [b[step] for b in batches]
+            assert len({(m.op, m.words.numel(), m.round) for m in msgs}) == 1
+            assert all(m.words.dtype == torch.int32 and m.words.dim() == 1 for m in msgs)
+            agg = reduce_words(msgs[0].op, [m.words for m in msgs])
+            for s in sessions:
+                s.receive(agg)
+    assert rounds == 1
+    total, stats, new_state = sessions[0].result()
+    assert torch.equal(total, exact_sum(xs)) and new_state.iteration == 2
+    assert stats["steps"][0]["op"] == "OR" and stats["steps"][1]["op"] == "ADD"
+
+
+def test_session_rejects_protocol_misuse():
+    s = WorkerSession(torch.ones(10, dtype=torch.int32), 0, 2, mode="union")
+    with pytest.raises(RuntimeError):
+        s.receive(torch.zeros(1, dtype=torch.int32))
+    msg = s.next_message()
+    assert msg is not None and msg.op in (Op.OR, Op.ADD)
+    with pytest.raises(ValueError, match="words"):
+        s.receive(torch.zeros(msg.words.numel() + 1, dtype=torch.int32))
+    with pytest.raises(TypeError):
+        s.receive(torch.zeros(msg.words.numel(), dtype=torch.int64))
+    with pytest.raises(RuntimeError):
+        s.result()
+
+
+@pytest.mark.parametrize(
+    ("inputs", "kwargs", "error", "match"),
+    [
+        ([torch.zeros(5, dtype=torch.int32), torch.zeros(6, dtype=torch.int32)], {}, ValueError, "elements"),
+        ([torch.zeros(5, dtype=torch.float64)], {}, TypeError, "float64"),
+        ([torch.zeros(5, dtype=torch.int32), torch.zeros(5)], {}, TypeError, "dtype"),
+        ([torch.zeros(5, dtype=torch.int32)] * (MAX_WORKERS + 1), {}, ValueError, "at most 32"),
+        ([], {}, ValueError, "non-empty"),
+        ([torch.zeros(2, 3)], {}, ValueError, "1-D"),
+        ([torch.zeros(5)], {"mode": "magic"}, ValueError, "mode"),
+        ([torch.zeros(5)], {"block": 0}, ValueError, "block"),
+    ],
+)
+def test_clear_errors(inputs, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        aggregate_local(inputs, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["sketch", "union", "dense"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_inputs_raise_on_every_worker(mode, bad):
+    xs = [torch.zeros(100), torch.zeros(100), torch.zeros(100)]
+    xs[0][3] = 1.0
+    xs[2][7] = bad
+    with pytest.raises(ValueError, match=r"non-finite .*\[2\]"):
+        aggregate_local(xs, mode=mode)
+
+
+@pytest.mark.parametrize("mode", ["sketch", "union", "dense"])
+def test_integers_beyond_the_bound_cannot_be_scaled(mode):
+    world = 4
+    xs = [torch.zeros(64, dtype=torch.int32) for _ in range(world)]
+    xs[1][5] = int_bound(world) + 1
+    with pytest.raises(ValueError, match=r"worker\(s\) \[1\] exceed"):
+        aggregate_local(xs, mode=mode)
+    xs[1][5] = -int_bound(world)  # exactly at the bound is fine
+    assert int(aggregate_local(xs, mode=mode).total[5]) == -int_bound(world)
+
+
+# --- the parts ------------------------------------------------------------------------------------------
+
+
+def test_wrapping_add_matches_the_switch():
+    big = torch.tensor([2**31 - 1, -(2**31), 5], dtype=torch.int32)
+    assert add_int32([big, big]).tolist() == [-2, 0, 10]
+    assert wrap_int32(torch.tensor([2**32 + 7, -(2**32) - 7])).tolist() == [7, -7]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 3000), density=st.floats(0.0, 1.0))
+def test_bit_helpers_agree_with_torch(seed, n, density):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.where(torch.rand(n, generator=g) < density, torch.randn(n, generator=g), 0.0)
+    x[torch.rand(n, generator=g) < 0.01] = -0.0
+    x[torch.rand(n, generator=g) < 0.01] = float("nan")
+    assert torch.equal(nonzero_positions(x), torch.nonzero(x != 0).squeeze(1))
+    flags = torch.zeros((n + 31) // 32 * 32, dtype=torch.bool)
+    flags[:n] = torch.rand(n, generator=g) < density
+    assert torch.equal(set_bits(pack_bits(flags)), torch.nonzero(flags).squeeze(1))
+
+
+def test_bloom_has_no_false_negatives_and_the_modelled_false_positive_rate():
+    n_items, items = 2_000_000, 20_000
+    chosen = torch.randperm(n_items, generator=torch.Generator().manual_seed(1))[:items].sort().values
+    spec = choose_index(n_items, items, 4.0, seed=99, kind="bloom")
+    found = query_index(spec, encode_index(spec, chosen))
+    assert bool(torch.isin(chosen, found).all())
+    fp = found.numel() - items
+    expected = bloom_fp_rate(items, spec.words, spec.k) * (n_items - items)
+    assert 0.6 * expected - 10 <= fp <= 1.5 * expected + 10
+
+
+def test_index_choice_prefers_bitmap_when_dense_and_bloom_when_sparse():
+    assert choose_index(1 << 24, 1_300_000, 4.0, seed=0).kind == "bitmap"
+    assert choose_index(1 << 24, 130_000, 4.0, seed=0).kind == "bloom"
+
+
+def test_peeling_recovers_every_value_above_threshold_and_wraps():
+    g = torch.Generator().manual_seed(0)
+    k = 50_000
+    cands = torch.randperm(1 << 20, generator=g)[:k].sort().values
+    values = torch.randint(-(2**31), 2**31, (k, 2), generator=g, dtype=torch.int64).to(torch.int32)
+    spec = SketchSpec(sketch_cells(k, 0.03, 2, LANES), 2, seed=5)
+    assert spec.cells >= PEEL_THRESHOLD * k
+    words = encode_sketch(spec, cands, values)
+    result = peel(cell_ids(spec, cands), words.view(spec.cells, 2))
+    assert result.residue.numel() == 0
+    assert torch.equal(result.values, values)
+
+
+def test_encoding_is_deterministic():
+    xs = make_inputs(9, 3, 5000, "random", 0.02)
+    a = WorkerSession(xs[0], 0, 3, expected_items=300).next_message()
+    b = WorkerSession(xs[0], 0, 3, expected_items=300).next_message()
+    assert a is not None and b is not None and torch.equal(a.words, b.words)
+    assert CodecState() == CodecState(0, None, None)
