@@ -1,0 +1,257 @@
+"""`lhc-bench codec`: encode/decode time against memcpy, and bytes on the wire against the info bound.
+
+Each case draws W workers' buckets of n float32 elements with independent random supports of the given
+density (values N(0, 1)), runs one warm-up aggregation on an independent draw to learn the bucket's
+state (the steady state of training: sizes and scale come from the previous round), then repeats the
+measured aggregation. Times are per worker (the mean over workers of the time spent encoding and
+decoding in one aggregation), medians over repeats; ``memcpy_s`` is the median time of copying one dense
+float32 bucket into a preallocated buffer, measured in the same run. Outputs go to preallocated buffers
+too (as a DDP hook writes into its bucket). One JSON object per case on stdout; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+DEFAULT_LENGTH = 1 << 24
+SWEEP_DENSITIES = (0.001, 0.01, 0.05)
+SWEEP_BLOCKS = (1, 32)
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
+
+
+def _words(text: str) -> list[str]:
+    return [v for v in text.split(",") if v]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--length", type=int, default=DEFAULT_LENGTH, help="elements per bucket (2^24)")
+    parser.add_argument("--density", type=_floats, default=[0.01], help="nonzero fraction per worker, a,b,..")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--mode", type=_words, default=["sketch", "union"], help="sketch,union,dense")
+    parser.add_argument("--block", type=_ints, default=[1], help="elements per item, a,b,..")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--margin", type=float, default=None, help="sketch capacity margin (codec default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help=f"densities {SWEEP_DENSITIES} x blocks {SWEEP_BLOCKS} (overrides --density/--block)",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--system-malloc",
+        action="store_true",
+        help="keep glibc's default mmap threshold (every large temporary then costs page faults)",
+    )
+    parser.add_argument("--peel-trials", type=int, default=0, help="also measure peeling failures, N rounds")
+    parser.add_argument("--plot", metavar="FILE.png", help="write a plot of the cases")
+
+
+def _tune_malloc() -> bool:
+    """Keep freed memory in the process (like PyTorch's CUDA caching allocator does on GPUs): glibc
+    otherwise maps and unmaps every tensor above 32 MiB, and on this VM page faults then cost about as
+    much as the work itself. memcpy_s does not allocate, so this only removes allocation noise."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mmap_ok = bool(libc.mallopt(m_mmap_threshold, 1 << 30))
+    return mmap_ok and bool(libc.mallopt(m_trim_threshold, (1 << 31) - 1))
+
+
+def _draw(n: int, density: float, workers: int, gen: torch.Generator, device: str) -> list[torch.Tensor]:
+    k = round(n * density)
+    xs = []
+    for _ in range(workers):
+        x = torch.zeros(n)
+        idx = torch.randperm(n, generator=gen)[:k]
+        x[idx] = torch.randn(k, generator=gen)
+        xs.append(x.to(device))
+    return xs
+
+
+def info_bound_bytes(n_items: int, union: int, block: int) -> float:
+    """log2 C(n_items, union) / 8 + 4 * block * union: the index's entropy plus the values."""
+    log_comb = math.lgamma(n_items + 1) - math.lgamma(union + 1) - math.lgamma(n_items - union + 1)
+    bits = log_comb / math.log(2)
+    return bits / 8 + 4 * block * union
+
+
+def _union_items(xs: list[torch.Tensor], block: int) -> int:
+    n = xs[0].numel()
+    items = (n + block - 1) // block
+    held = torch.zeros(items * block, dtype=torch.bool, device=xs[0].device)
+    for x in xs:
+        held[:n] |= x != 0
+    return int(held.view(items, block).any(dim=1).sum())
+
+
+def _exact(result, xs: list[torch.Tensor]) -> bool:
+    """The total is bit for bit the dequantized sum of the workers' quantized integers."""
+    from host_agent.codec.quantize import dequantize, quantize
+
+    s = result.stats["scale"]
+    acc = torch.zeros(xs[0].numel(), dtype=torch.int64, device=xs[0].device)
+    for x in xs:
+        acc += quantize(x, s)
+    return bool(torch.equal(result.total, dequantize(acc.to(torch.int32), s, torch.float32)))
+
+
+def _memcpy_s(src: torch.Tensor, dst: torch.Tensor) -> float:
+    if src.is_cuda:
+        torch.cuda.synchronize(src.device)
+    start = time.perf_counter()
+    dst.copy_(src)
+    if src.is_cuda:
+        torch.cuda.synchronize(src.device)
+    return time.perf_counter() - start
+
+
+def run_case(args: argparse.Namespace, mode: str, density: float, block: int) -> dict:
+    from host_agent.codec import aggregate_local
+
+    options = {} if args.margin is None else {"margin": args.margin}
+    gen = torch.Generator().manual_seed(args.seed)
+    warm = _draw(args.length, density, args.workers, gen, args.device)
+    state = aggregate_local(warm, mode=mode, block=block, **options).state
+    del warm
+    xs = _draw(args.length, density, args.workers, gen, args.device)
+    outs = [torch.empty_like(x) for x in xs]
+    dst = torch.empty_like(xs[0])
+    encode, decode, memcpy, result = [], [], [], None
+    for _ in range(args.repeats):
+        memcpy.append(_memcpy_s(xs[0], dst))
+        result = aggregate_local(xs, mode=mode, block=block, state=state, outs=outs, **options)
+        encode.append(result.stats["encode_s"])
+        decode.append(result.stats["decode_s"])
+        memcpy.append(_memcpy_s(xs[0], dst))
+    assert result is not None
+    stats = result.stats
+    n_items = (args.length + block - 1) // block
+    union = _union_items(xs, block)
+    bound = info_bound_bytes(n_items, union, block)
+    mc = statistics.median(memcpy)
+    enc, dec = statistics.median(encode), statistics.median(decode)
+    return {
+        "mode": mode,
+        "length": args.length,
+        "density": density,
+        "workers": args.workers,
+        "block": block,
+        "device": args.device,
+        "encode_s": enc,
+        "decode_s": dec,
+        "memcpy_s": mc,
+        "encode_memcpy": enc / mc,
+        "decode_memcpy": dec / mc,
+        "bytes_per_worker": stats["bytes_per_worker"],
+        "header_bytes_per_worker": stats["header_bytes_per_worker"],
+        "dense_bytes": 4 * args.length,
+        "info_bound_bytes": round(bound),
+        "bytes_info": stats["bytes_per_worker"] / bound,
+        "exact": _exact(result, xs),
+        "rounds": stats["rounds"],
+        "union_items": union,
+        "candidates": stats["candidates"],
+        "residue": stats["residue"],
+        "index": stats["index"],
+        "sketch_cells": stats.get("sketch_cells", 0),
+        "peel_rounds": stats.get("peel_rounds", 0),
+        "scale_redo": stats.get("scale_redo", False),
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def peel_trials(n_items: int, union: int, margin: float, trials: int, seed: int, device: str) -> dict:
+    """Peeling failures over ``trials`` random candidate sets of ``union`` items, sketch sized as the
+    codec sizes it from an expectation of ``union`` (the hypergraph alone decides; values do not)."""
+    from host_agent.codec.peeling import peel
+    from host_agent.codec.sketch import SketchSpec, cell_ids, sketch_cells
+    from lhc_ina.constants import LANES
+
+    cells = sketch_cells(union, margin, 1, LANES)
+    gen = torch.Generator().manual_seed(seed)
+    failures, residues = 0, []
+    for trial in range(trials):
+        cands = torch.randperm(n_items, generator=gen)[:union].sort().values.to(device)
+        spec = SketchSpec(cells, 1, seed * 1_000_003 + trial)
+        left = peel(cell_ids(spec, cands), torch.zeros((cells, 1), dtype=torch.int32, device=device)).residue
+        failures += bool(left.numel())
+        residues.append(left.numel())
+    return {
+        "peel_trials": trials,
+        "margin": margin,
+        "cells_per_candidate": cells / union,
+        "failures": failures,
+        "failure_rate": failures / trials,
+        "max_residue": max(residues) if residues else 0,
+    }
+
+
+def _plot(cases: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{c['mode']}\n{c['density'] * 100:g}% b{c['block']}" for c in cases]
+    fig, axes = plt.subplots(1, 3, figsize=(max(9, 1.1 * len(cases) * 3 / 2), 4))
+    for ax, key, title in zip(
+        axes,
+        ("bytes_info", "encode_memcpy", "decode_memcpy"),
+        ("bytes / info bound", "encode / memcpy", "decode / memcpy"),
+        strict=True,
+    ):
+        colors = ["C0" if c["mode"] == "sketch" else "C1" for c in cases]
+        ax.bar(range(len(cases)), [c[key] for c in cases], color=colors)
+        ax.set_xticks(range(len(cases)), labels, fontsize=7)
+        ax.set_title(title)
+        ax.set_yscale("log" if key != "bytes_info" else "linear")
+    fig.suptitle(f"lhc codec, n={cases[0]['length']}, {cases[0]['workers']} workers, {cases[0]['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    tuned = False if args.system_malloc else _tune_malloc()
+    densities = list(SWEEP_DENSITIES) if args.sweep else args.density
+    blocks = list(SWEEP_BLOCKS) if args.sweep else args.block
+    combos = [(m, d, b) for d in densities for b in blocks for m in args.mode]
+    cases = []
+    for mode, density, block in tqdm(combos, desc="codec cases", file=sys.stderr, disable=len(combos) < 2):
+        case = run_case(args, mode, density, block)
+        case["malloc_tuned"] = tuned
+        cases.append(case)
+        print(json.dumps(case), flush=True)
+    if args.peel_trials:
+        from host_agent.codec import DEFAULT_MARGIN
+
+        margin = DEFAULT_MARGIN if args.margin is None else args.margin
+        gen = torch.Generator().manual_seed(args.seed)
+        union = _union_items(_draw(args.length, densities[0], args.workers, gen, args.device), 1)
+        print(json.dumps(peel_trials(args.length, union, margin, args.peel_trials, args.seed, args.device)))
+    if args.plot and cases:
+        _plot(cases, args.plot)
+    return 0 if all(c["exact"] for c in cases) else 1
