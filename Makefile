@@ -33,7 +33,7 @@ lint: venv
 	$(PY) -m ruff check .
 
 bench: venv
-	$(VENV)/bin/lhc-bench codec
+	mkdir -p build && $(VENV)/bin/lhc-bench codec --sweep --plot build/codec-sweep.png
 	$(VENV)/bin/lhc-bench switch --json
 
 # The P4 include generated from lhc_ina/constants.py (the single source of protocol constants).
