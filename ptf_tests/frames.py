@@ -204,3 +204,12 @@ def difference(expected: bytes, got: bytes) -> str:
         if len(lanes) > 4:
             diffs.append(f"... {len(lanes)} lanes differ")
     return "; ".join(diffs) or "bytes differ beyond the parsed fields"
+
+
+def with_ip(frame: Packet, **fields: int) -> Packet:
+    """A copy of ``frame`` with IPv4 fields changed (ttl, tos, ...) and its checksum recomputed."""
+    out = frame.copy()
+    for name, value in fields.items():
+        setattr(out[IP], name, value)
+    out[IP].chksum = None
+    return Ether(bytes(out))

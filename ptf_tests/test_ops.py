@@ -58,3 +58,19 @@ class OrAllBits(LhcTest):
         result = reduce_round(self, job, [a, b], slot=0, seq=3, op=c.Op.OR)
         self.assertEqual(set(result), {0xFFFFFFFF})
         self.assert_stats({(6, c.Stat.ABSORBED): 1, (6, c.Stat.RESULT): 1})
+
+
+class OpIsPerPacket(LhcTest):
+    """Each packet brings its own op: the first writer's payload is stored as is, each later one is
+    ADDed or ORed by its own op, and the result carries the finishing packet's op."""
+
+    def runTest(self) -> None:
+        job = self.add_job(0x203, 3, job_index=6)
+        w0, w1, w2 = job.workers
+        self.contribute(job, w0, [1] * c.LANES, slot=2, seq=1, op=c.Op.OR)
+        self.wait_stats({(6, c.Stat.ABSORBED): 1})
+        self.contribute(job, w1, [2] * c.LANES, slot=2, seq=1, op=c.Op.ADD)  # 1 + 2 = 3
+        self.wait_stats({(6, c.Stat.ABSORBED): 2})
+        last = self.contribute(job, w2, [4] * c.LANES, slot=2, seq=1, op=c.Op.OR)  # 3 | 4 = 7
+        self.expect_result(job, last, [7] * c.LANES)
+        self.assert_stats({(6, c.Stat.ABSORBED): 2, (6, c.Stat.RESULT): 1})

@@ -97,3 +97,26 @@ class ReplicaWithoutRewriteDropped(LhcTest):
         copies = [(w.port, frames.result_copy(last, [6] * c.LANES, job.full_mask, w)) for w in workers[:2]]
         self.expect_packets(copies)
         self.assert_stats({(3, c.Stat.ABSORBED): 2, (3, c.Stat.RESULT): 1})
+
+
+class ResultEchoesTheFinishingPacket(LhcTest):
+    """The result is the finishing packet rewritten: its seq, worker_id, ver and IPv4 TTL and TOS stay
+    (an lhc packet is not routed, so even TTL 1 aggregates); the bitmap a worker sent is replaced."""
+
+    def runTest(self) -> None:
+        job = self.add_job(0x123, 2, job_index=3)
+        w0, w1 = job.workers
+        first = frames.data_frame(w0, job.header(w0, slot=5, ver=1, seq=41, bitmap=0xFFFF), [1] * c.LANES)
+        self.send(w0.port, frames.with_ip(first, ttl=1, tos=0x28))
+        self.wait_stats({(3, c.Stat.ABSORBED): 1})
+        last = job.header(w1, slot=5, ver=1, seq=42, bitmap=0xFFFF)
+        self.send(w1.port, frames.with_ip(frames.data_frame(w1, last, [2] * c.LANES), ttl=1, tos=0x28))
+        copies = [
+            (
+                w.port,
+                frames.with_ip(frames.result_copy(last, [3] * c.LANES, job.full_mask, w), ttl=1, tos=0x28),
+            )
+            for w in job.workers
+        ]
+        self.expect_packets(copies)
+        self.assert_stats({(3, c.Stat.ABSORBED): 1, (3, c.Stat.RESULT): 1})
