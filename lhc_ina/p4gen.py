@@ -48,7 +48,16 @@ def _typed_constants() -> list[tuple[int, str, int]]:
         (16, "ETHERTYPE_IPV4", c.ETHERTYPE_IPV4),
         (8, "IP_PROTO_UDP", c.IP_PROTO_UDP),
     ]
-    out += [(4, f"LHC_TYPE_{t.name}", t.value) for t in c.MsgType]
+    return out
+
+
+def _codes() -> list[tuple[int, str, int]]:
+    """(bit width, name, value) of the message type, op and outcome codes.
+
+    They become macros of typed literals (``4w1``), not ``const`` declarations: a program uses only some
+    codes (nothing in the switch names CONTROL), and p4c warns about every unused ``const``.
+    """
+    out = [(4, f"LHC_TYPE_{t.name}", t.value) for t in c.MsgType]
     out += [(2, f"LHC_OP_{o.name}", o.value) for o in c.Op]
     out += [(32, f"LHC_STAT_{s.name}", s.value) for s in c.Stat]
     return out
@@ -90,6 +99,8 @@ def render() -> str:
     lines += [f"#define {name} {value}" for name, value in _defines()]
     lines.append("")
     lines += [f"const bit<{width}> {name} = {value};" for width, name, value in _typed_constants()]
+    lines.append("")
+    lines += [f"#define {name} {width}w{value}" for width, name, value in _codes()]
     lines.append("")
     lines.append("// The lhc header, in wire order (big-endian, no padding).")
     lines.append("header lhc_t {")

@@ -21,6 +21,11 @@ def test_p4_constants_carry_the_python_values() -> None:
     text = _committed()
     consts = {name: int(value, 0) for name, value in re.findall(r"const bit<\d+> (\w+) = (\w+);", text)}
     defines = {name: int(value) for name, value in re.findall(r"#define (LHC_\w+) (\d+)\n", text)}
+    code_lines = re.findall(r"#define (\w+) (\d+)w(\d+)\n", text)
+    codes = {name: (int(width), int(value)) for name, width, value in code_lines}
+    for name, (width, value) in codes.items():
+        assert value < 1 << width, name
+    consts.update((name, value) for name, (_, value) in codes.items())
     assert consts["LHC_UDP_PORT_BASE"] == c.UDP_PORT_BASE
     assert consts["LHC_UDP_PORT_MASK"] == c.UDP_PORT_MASK
     assert consts["LHC_UDP_LENGTH"] == c.UDP_LENGTH

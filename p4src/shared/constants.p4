@@ -21,23 +21,24 @@ const bit<16> LHC_UDP_LENGTH = 280;
 const bit<16> LHC_IPV4_TOTAL_LENGTH = 300;
 const bit<16> ETHERTYPE_IPV4 = 2048;
 const bit<8> IP_PROTO_UDP = 17;
-const bit<4> LHC_TYPE_DATA = 1;
-const bit<4> LHC_TYPE_RESULT = 2;
-const bit<4> LHC_TYPE_RESULT_RETX = 3;
-const bit<4> LHC_TYPE_CONTROL = 4;
-const bit<2> LHC_OP_ADD = 0;
-const bit<2> LHC_OP_OR = 1;
-const bit<32> LHC_STAT_ABSORBED = 0;
-const bit<32> LHC_STAT_RESULT = 1;
-const bit<32> LHC_STAT_RETX = 2;
-const bit<32> LHC_STAT_DROP_DUPLICATE = 3;
-const bit<32> LHC_STAT_DROP_MALFORMED = 4;
-const bit<32> LHC_STAT_DROP_BAD_TYPE = 5;
-const bit<32> LHC_STAT_DROP_BAD_OP = 6;
-const bit<32> LHC_STAT_DROP_UNKNOWN_JOB = 7;
-const bit<32> LHC_STAT_DROP_STALE_EPOCH = 8;
-const bit<32> LHC_STAT_DROP_SLOT_RANGE = 9;
-const bit<32> LHC_STAT_DROP_BAD_WORKER = 10;
+
+#define LHC_TYPE_DATA 4w1
+#define LHC_TYPE_RESULT 4w2
+#define LHC_TYPE_RESULT_RETX 4w3
+#define LHC_TYPE_CONTROL 4w4
+#define LHC_OP_ADD 2w0
+#define LHC_OP_OR 2w1
+#define LHC_STAT_ABSORBED 32w0
+#define LHC_STAT_RESULT 32w1
+#define LHC_STAT_RETX 32w2
+#define LHC_STAT_DROP_DUPLICATE 32w3
+#define LHC_STAT_DROP_MALFORMED 32w4
+#define LHC_STAT_DROP_BAD_TYPE 32w5
+#define LHC_STAT_DROP_BAD_OP 32w6
+#define LHC_STAT_DROP_UNKNOWN_JOB 32w7
+#define LHC_STAT_DROP_STALE_EPOCH 32w8
+#define LHC_STAT_DROP_SLOT_RANGE 32w9
+#define LHC_STAT_DROP_BAD_WORKER 32w10
 
 // The lhc header, in wire order (big-endian, no padding).
 header lhc_t {
