@@ -22,6 +22,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONSTANTS_P4 = REPO_ROOT / "p4src" / "shared" / "constants.p4"
 
 
+def _log2(n: int) -> int:
+    """Address bits of a power-of-two register size (Tofino addresses registers by bit slices)."""
+    if n & (n - 1):
+        raise ValueError(f"{n} is not a power of two")
+    return n.bit_length() - 1
+
+
 def _defines() -> list[tuple[str, int]]:
     return [
         ("LHC_LANES", c.LANES),
@@ -29,6 +36,8 @@ def _defines() -> list[tuple[str, int]]:
         ("LHC_MAX_SLOTS", c.MAX_SLOTS),
         ("LHC_SLOT_COPIES", c.SLOT_COPIES),
         ("LHC_SLOT_CELLS", c.MAX_SLOTS * c.SLOT_COPIES),
+        ("LHC_SLOT_INDEX_BITS", _log2(c.MAX_SLOTS)),
+        ("LHC_CELL_INDEX_BITS", _log2(c.MAX_SLOTS * c.SLOT_COPIES)),
         ("LHC_VALUE_CELLS", c.MAX_SLOTS * c.SLOT_COPIES * c.LANES),
         ("LHC_MAX_JOBS", c.MAX_JOBS),
         ("LHC_NUM_STATS", c.NUM_STATS),

@@ -387,10 +387,10 @@ def test_tna_every_lane_is_aggregated_once_per_packet(tna_text: str) -> None:
         assert b == a + 1
         for kind in ("add", "or"):
             assert f"hdr.payload.w{a} = {kind}_{a}_{b}.execute(meta.cell);" in ingress, (kind, a)
-        assert f"hdr.payload.w{b} = hi_{a}_{b}.execute(hdr.recirc.cell);" in ingress, ("harvest", b)
+        assert f"hdr.payload.w{b} = hi_{a}_{b}.execute(meta.cell);" in ingress, ("harvest", b)
     for lane in singles:
         for kind in ("first", "add", "or"):
-            assert f"hdr.payload.w{lane} = {kind}_{lane}.execute(hdr.recirc.cell);" in ingress, (kind, lane)
+            assert f"hdr.payload.w{lane} = {kind}_{lane}.execute(meta.cell);" in ingress, (kind, lane)
 
 
 def test_tna_register_actions_per_register_fit_tofino(tna_text: str) -> None:

@@ -36,11 +36,15 @@ const bit<8> LHC_PASS2_UPDATE = 1;   // new contribution: update the second-pass
 const bit<8> LHC_PASS2_FIRST = 2;    // ... and it is the first of its round (write, not combine)
 const bit<8> LHC_PASS2_RESULT = 4;   // the copy finished with this packet: harvest, multicast
 const bit<8> LHC_PASS2_RETX = 8;     // duplicate of a finished copy: harvest, unicast to the sender
+// A copy's cell: ver ++ slot, i.e. ver * MAX_SLOTS + slot (two PHV sources, which one Tofino instruction
+// can combine; v1model's slot * 2 + ver would need a shift and an add).
+typedef bit<LHC_CELL_INDEX_BITS> cell_index_t;
+
 header lhc_recirc_t {
     bit<8>  flags;
     bit<8>  job_index;
     bit<16> mcast_grp;
-    bit<32> cell;
+    bit<16> slot;  // slot_base + slot; the second pass forms the cell again from it and hdr.lhc.ver
     @padding bit<7> _pad;
     PortId_t sender_port;
 }
@@ -71,13 +75,14 @@ struct lhc_ig_metadata_t {
     bit<16> mcast_grp;
     bit<32> epoch;         // the job's epoch, widened to the register half
     bit<32> worker_bit;
-    bit<32> worker_clear;  // ~worker_bit
     bit<32> fan_in_m1;     // fan_in - 1
-    bit<32> slot;          // slot_base + slot
-    bit<32> cell;          // slot * 2 + ver
+    bit<16> slot;          // slot_base + slot: the bitmap registers' index
+    cell_index_t cell;     // ver ++ slot
     bit<32> old_bitmap;    // this copy's bitmap before this packet (0 after a lazy reset)
     bit<32> seen;          // old_bitmap & worker_bit
     bit<32> remaining;     // count after this packet (new contribution) or as found (duplicate)
+    bit<16> slot_room;     // slot_count - slot mod 2^16: in [1, MAX_SLOTS] exactly when slot < slot_count
+    bit<1>  malformed;
     bit<1>  first;
     bit<1>  finished;
     bit<32> stat;
@@ -120,29 +125,29 @@ parser LhcIngressParser(packet_in packet,
 
 // Register-pair value lanes (first pass). A, B: the two lanes of the pair.
 #define LHC_TNA_PAIR_DECL(A, B)                                                                   \
-    Register<pair_t, bit<32>>(LHC_SLOT_CELLS) values_##A##_##B;                                   \
-    RegisterAction<pair_t, bit<32>, bit<32>>(values_##A##_##B) first_##A##_##B = {                \
+    Register<pair_t, cell_index_t>(LHC_SLOT_CELLS) values_##A##_##B;                                   \
+    RegisterAction<pair_t, cell_index_t, bit<32>>(values_##A##_##B) first_##A##_##B = {                \
         void apply(inout pair_t v, out bit<32> rv) {                                              \
             v.lo = hdr.payload.w##A;                                                              \
             v.hi = hdr.payload.w##B;                                                              \
             rv = v.lo;                                                                            \
         }                                                                                         \
     };                                                                                            \
-    RegisterAction<pair_t, bit<32>, bit<32>>(values_##A##_##B) add_##A##_##B = {                  \
+    RegisterAction<pair_t, cell_index_t, bit<32>>(values_##A##_##B) add_##A##_##B = {                  \
         void apply(inout pair_t v, out bit<32> rv) {                                              \
             v.lo = v.lo + hdr.payload.w##A;                                                       \
             v.hi = v.hi + hdr.payload.w##B;                                                       \
             rv = v.lo;                                                                            \
         }                                                                                         \
     };                                                                                            \
-    RegisterAction<pair_t, bit<32>, bit<32>>(values_##A##_##B) or_##A##_##B = {                   \
+    RegisterAction<pair_t, cell_index_t, bit<32>>(values_##A##_##B) or_##A##_##B = {                   \
         void apply(inout pair_t v, out bit<32> rv) {                                              \
             v.lo = v.lo | hdr.payload.w##A;                                                       \
             v.hi = v.hi | hdr.payload.w##B;                                                       \
             rv = v.lo;                                                                            \
         }                                                                                         \
     };                                                                                            \
-    RegisterAction<pair_t, bit<32>, bit<32>>(values_##A##_##B) hi_##A##_##B = {                   \
+    RegisterAction<pair_t, cell_index_t, bit<32>>(values_##A##_##B) hi_##A##_##B = {                   \
         void apply(inout pair_t v, out bit<32> rv) {                                              \
             rv = v.hi;                                                                            \
         }                                                                                         \
@@ -150,34 +155,34 @@ parser LhcIngressParser(packet_in packet,
 #define LHC_TNA_PAIR_FIRST(A, B) hdr.payload.w##A = first_##A##_##B.execute(meta.cell);
 #define LHC_TNA_PAIR_ADD(A, B) hdr.payload.w##A = add_##A##_##B.execute(meta.cell);
 #define LHC_TNA_PAIR_OR(A, B) hdr.payload.w##A = or_##A##_##B.execute(meta.cell);
-#define LHC_TNA_PAIR_HI(A, B) hdr.payload.w##B = hi_##A##_##B.execute(hdr.recirc.cell);
+#define LHC_TNA_PAIR_HI(A, B) hdr.payload.w##B = hi_##A##_##B.execute(meta.cell);
 // A duplicate of a finished copy reads the low halves by OR-ing zeros (no fifth RegisterAction needed).
 #define LHC_TNA_PAIR_ZERO(A, B) hdr.payload.w##A = 0; hdr.payload.w##B = 0;
 
 // Single-register value lanes (second pass).
 #define LHC_TNA_LANE_DECL(L)                                                                      \
-    Register<bit<32>, bit<32>>(LHC_SLOT_CELLS) values_##L;                                        \
-    RegisterAction<bit<32>, bit<32>, bit<32>>(values_##L) first_##L = {                           \
+    Register<bit<32>, cell_index_t>(LHC_SLOT_CELLS) values_##L;                                        \
+    RegisterAction<bit<32>, cell_index_t, bit<32>>(values_##L) first_##L = {                           \
         void apply(inout bit<32> v, out bit<32> rv) {                                             \
             v = hdr.payload.w##L;                                                                 \
             rv = v;                                                                               \
         }                                                                                         \
     };                                                                                            \
-    RegisterAction<bit<32>, bit<32>, bit<32>>(values_##L) add_##L = {                             \
+    RegisterAction<bit<32>, cell_index_t, bit<32>>(values_##L) add_##L = {                             \
         void apply(inout bit<32> v, out bit<32> rv) {                                             \
             v = v + hdr.payload.w##L;                                                             \
             rv = v;                                                                               \
         }                                                                                         \
     };                                                                                            \
-    RegisterAction<bit<32>, bit<32>, bit<32>>(values_##L) or_##L = {                              \
+    RegisterAction<bit<32>, cell_index_t, bit<32>>(values_##L) or_##L = {                              \
         void apply(inout bit<32> v, out bit<32> rv) {                                             \
             v = v | hdr.payload.w##L;                                                             \
             rv = v;                                                                               \
         }                                                                                         \
     };
-#define LHC_TNA_LANE_FIRST(L) hdr.payload.w##L = first_##L.execute(hdr.recirc.cell);
-#define LHC_TNA_LANE_ADD(L) hdr.payload.w##L = add_##L.execute(hdr.recirc.cell);
-#define LHC_TNA_LANE_OR(L) hdr.payload.w##L = or_##L.execute(hdr.recirc.cell);
+#define LHC_TNA_LANE_FIRST(L) hdr.payload.w##L = first_##L.execute(meta.cell);
+#define LHC_TNA_LANE_ADD(L) hdr.payload.w##L = add_##L.execute(meta.cell);
+#define LHC_TNA_LANE_OR(L) hdr.payload.w##L = or_##L.execute(meta.cell);
 #define LHC_TNA_LANE_ZERO(L) hdr.payload.w##L = 0;
 
 control LhcIngress(inout lhc_ig_headers_t hdr,
@@ -188,17 +193,20 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                    inout ingress_intrinsic_metadata_for_tm_t ig_tm_md) {
 
     Counter<bit<32>, bit<32>>(LHC_STATS_CELLS, CounterType_t.PACKETS_AND_BYTES) lhc_stats;
+    // job_index * NUM_STATS + stat is the concatenation job_index ++ stat[3:0] (NUM_STATS == 16): an
+    // identity hash forms it, because a counter's address must come from the hash unit or one PHV field.
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) stats_index;
 
     // --- slot state ---------------------------------------------------------------------------------
     // {lo: bitmap, hi: epoch} of copy 0 / copy 1, indexed by slot_base + slot.
-    Register<pair_t, bit<32>>(LHC_MAX_SLOTS) bitmap_c0;
-    Register<pair_t, bit<32>>(LHC_MAX_SLOTS) bitmap_c1;
+    Register<pair_t, bit<16>>(LHC_MAX_SLOTS) bitmap_c0;
+    Register<pair_t, bit<16>>(LHC_MAX_SLOTS) bitmap_c1;
     // {lo: remaining, hi: epoch}, indexed by cell.
-    Register<pair_t, bit<32>>(LHC_SLOT_CELLS) count;
+    Register<pair_t, cell_index_t>(LHC_SLOT_CELLS) count;
 
 #define LHC_TNA_BITMAP_ACTIONS(REG)                                                               \
     /* Join this copy: lazy reset on a new epoch, then set the worker's bit; return the old bits. */ \
-    RegisterAction<pair_t, bit<32>, bit<32>>(REG) REG##_join = {                                  \
+    RegisterAction<pair_t, bit<16>, bit<32>>(REG) REG##_join = {                                  \
         void apply(inout pair_t v, out bit<32> rv) {                                              \
             if (v.hi != meta.epoch) {                                                             \
                 rv = 0;                                                                           \
@@ -211,16 +219,16 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         }                                                                                         \
     };                                                                                            \
     /* Leave the other copy: the worker holds its result. */                                      \
-    RegisterAction<pair_t, bit<32>, bit<32>>(REG) REG##_leave = {                                 \
+    RegisterAction<pair_t, bit<16>, bit<32>>(REG) REG##_leave = {                                 \
         void apply(inout pair_t v) {                                                              \
-            v.lo = v.lo & meta.worker_clear;                                                      \
+            v.lo = v.lo & ~meta.worker_bit;                                                       \
         }                                                                                         \
     };
     LHC_TNA_BITMAP_ACTIONS(bitmap_c0)
     LHC_TNA_BITMAP_ACTIONS(bitmap_c1)
 
     // A new contribution counts down; the first of a round (or of a new epoch) starts at fan_in - 1.
-    RegisterAction<pair_t, bit<32>, bit<32>>(count) count_new = {
+    RegisterAction<pair_t, cell_index_t, bit<32>>(count) count_new = {
         void apply(inout pair_t v, out bit<32> rv) {
             if (v.hi != meta.epoch || v.lo == 0) {
                 v.lo = meta.fan_in_m1;
@@ -232,7 +240,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         }
     };
     // A duplicate only looks (0: the copy is finished).
-    RegisterAction<pair_t, bit<32>, bit<32>>(count) count_peek = {
+    RegisterAction<pair_t, cell_index_t, bit<32>>(count) count_peek = {
         void apply(inout pair_t v, out bit<32> rv) {
             rv = v.lo;
         }
@@ -276,6 +284,12 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         meta.job_index = job_index;
         meta.slot_base = slot_base;
         meta.slot_count = slot_count;
+        // Here, not in the apply block: a register address must be a plain PHV field, and bf-p4c folds a
+        // straight-line `slot_base + slot` into the address expression.
+        meta.slot = slot_base + hdr.lhc.slot;
+        // A gateway compares a field with a constant, not two fields. With slot < MAX_SLOTS (checked first)
+        // and slot_count <= MAX_SLOTS, slot >= slot_count makes this 0 or >= 2^16 - MAX_SLOTS + 1.
+        meta.slot_room = slot_count - hdr.lhc.slot;
         meta.fan_in = fan_in;
         meta.mcast_grp = mcast_grp;
         meta.epoch = (bit<32>)epoch;
@@ -294,7 +308,6 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
 
     action admit_worker(bit<32> worker_bit) {
         meta.worker_bit = worker_bit;
-        meta.worker_clear = ~worker_bit;
     }
 
     action reject_worker() {
@@ -332,6 +345,11 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         hdr.udp.checksum = 0;
     }
 
+    // An action, so that bf-p4c keeps `seen` a field for the gateway instead of folding in the AND.
+    action compute_seen() {
+        meta.seen = meta.old_bitmap & meta.worker_bit;
+    }
+
     action result_addresses() {
         hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
@@ -348,6 +366,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
 
         if (hdr.recirc.isValid()) {
             // ---- second pass ----
+            meta.cell = hdr.lhc.ver ++ hdr.recirc.slot[(LHC_SLOT_INDEX_BITS - 1):0];
             bit<8> flags = hdr.recirc.flags;
             if ((flags & LHC_PASS2_UPDATE) != 0) {
                 if ((flags & LHC_PASS2_FIRST) != 0) {
@@ -377,10 +396,14 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
             // ---- first pass ----
             meta.job_index = 0;
             meta.stat = LHC_STAT_DROP_MALFORMED;
-            if (ig_prsr_md.parser_err != PARSER_ERROR_OK || !hdr.payload.isValid()
-                    || hdr.udp.length != LHC_UDP_LENGTH
-                    || hdr.ipv4.total_len != LHC_IPV4_TOTAL_LENGTH
-                    || hdr.lhc.flags != 0) {
+            // One small condition each: a Tofino gateway reads at most 4 bytes + 12 bits of PHV.
+            meta.malformed = 0;
+            if (ig_prsr_md.parser_err != PARSER_ERROR_OK) { meta.malformed = 1; }
+            if (!hdr.payload.isValid()) { meta.malformed = 1; }
+            if (hdr.udp.length != LHC_UDP_LENGTH) { meta.malformed = 1; }
+            if (hdr.ipv4.total_len != LHC_IPV4_TOTAL_LENGTH) { meta.malformed = 1; }
+            if (hdr.lhc.flags != 0) { meta.malformed = 1; }
+            if (meta.malformed == 1) {
                 meta.stat = LHC_STAT_DROP_MALFORMED;
             } else if (hdr.lhc.msg_type != LHC_TYPE_DATA) {
                 meta.stat = LHC_STAT_DROP_BAD_TYPE;
@@ -390,14 +413,14 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                 meta.stat = LHC_STAT_DROP_UNKNOWN_JOB;
             } else if ((bit<32>)hdr.lhc.epoch != meta.epoch) {
                 meta.stat = LHC_STAT_DROP_STALE_EPOCH;
-            } else if (hdr.lhc.slot >= meta.slot_count
-                    || (bit<32>)meta.slot_base + (bit<32>)hdr.lhc.slot >= LHC_MAX_SLOTS) {
+            } else if (hdr.lhc.slot[15:LHC_SLOT_INDEX_BITS] != 0 || meta.slot_room == 0
+                    || meta.slot_room[15:(LHC_SLOT_INDEX_BITS + 1)] != 0
+                    || meta.slot[15:LHC_SLOT_INDEX_BITS] != 0) {
                 meta.stat = LHC_STAT_DROP_SLOT_RANGE;
             } else if (!workers.apply().hit) {
                 meta.stat = LHC_STAT_DROP_BAD_WORKER;
             } else {
-                meta.slot = (bit<32>)meta.slot_base + (bit<32>)hdr.lhc.slot;
-                meta.cell = (meta.slot << 1) | (bit<32>)hdr.lhc.ver;
+                meta.cell = hdr.lhc.ver ++ meta.slot[(LHC_SLOT_INDEX_BITS - 1):0];
                 meta.fan_in_m1 = (bit<32>)(meta.fan_in - 1);
                 // Join this copy, leave the other (a no-op for a duplicate: its bit is clear there).
                 if (hdr.lhc.ver == 0) {
@@ -407,12 +430,12 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                     meta.old_bitmap = bitmap_c1_join.execute(meta.slot);
                     bitmap_c0_leave.execute(meta.slot);
                 }
-                meta.seen = meta.old_bitmap & meta.worker_bit;
+                compute_seen();
                 hdr.recirc.setValid();
                 hdr.recirc.flags = 0;
                 hdr.recirc.job_index = meta.job_index;
                 hdr.recirc.mcast_grp = meta.mcast_grp;
-                hdr.recirc.cell = meta.cell;
+                hdr.recirc.slot = meta.slot;
                 hdr.recirc.sender_port = ig_intr_md.ingress_port;
                 if (meta.seen != 0) {
                     meta.remaining = count_peek.execute(meta.cell);
@@ -458,7 +481,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                     }
                 }
             }
-            lhc_stats.count((bit<32>)meta.job_index * LHC_NUM_STATS + meta.stat);
+            lhc_stats.count(stats_index.get({meta.job_index, meta.stat[3:0]}));
             if (meta.stat == LHC_STAT_RESULT || meta.stat == LHC_STAT_RETX || meta.stat == LHC_STAT_ABSORBED) {
                 to_recirculation();  // the second pass finishes it (absorbed: updates its lanes, then drops)
             } else {
