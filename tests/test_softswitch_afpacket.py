@@ -20,6 +20,7 @@ from p4.v1 import p4runtime_pb2_grpc
 from lhc_ina import constants as c
 from lhc_ina import wire
 from lhc_ina.p4info import P4InfoIndex
+from ptf_tests import veth as veth_pairs
 from softswitch.cli import READY
 from softswitch.testing import data_frame, job_updates, make_job
 
@@ -27,26 +28,15 @@ pytestmark = pytest.mark.root
 INDEX = P4InfoIndex.from_file()
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture
 def veths() -> Iterator[list[tuple[str, str]]]:
-    """Two veth pairs (host end, switch end), IPv6 off so the kernel sends nothing on its own."""
-    tag = os.getpid() % 10000
-    pairs = [(f"lhcs{tag}h{i}", f"lhcs{tag}s{i}") for i in range(2)]
+    """Two quiet veth pairs (host end, switch end), made by the PTF harness's pyroute2 helper."""
+    pairs = veth_pairs.pair_names(range(2), prefix=f"ss{os.getpid() % 10000}")
+    veth_pairs.create(pairs)
     try:
-        for host, sw in pairs:
-            _ip("link", "add", host, "type", "veth", "peer", "name", sw)
-            for name in (host, sw):
-                subprocess.run(["sysctl", "-q", "-w", f"net.ipv6.conf.{name}.disable_ipv6=1"], check=False,
-                               capture_output=True)
-                _ip("link", "set", name, "up")
-        yield pairs
+        yield [(pair.ptf_end, pair.switch_end) for pair in pairs]
     finally:
-        for host, _ in pairs:
-            subprocess.run(["ip", "link", "del", host], capture_output=True)
+        veth_pairs.delete(pairs)
 
 
 def _raw(iface: str) -> socket.socket:
