@@ -20,8 +20,21 @@ def test_demo_reports_every_mode_exact(capsys: pytest.CaptureFixture[str]) -> No
     assert all(r["vs_dense"] < 1 for r in rows if r["mode"] != "dense")
 
 
-def test_expected_total_detects_a_wrong_aggregate() -> None:
-    inputs = demo.sparse_gradients(2, 64, 0.25, floats=False, seed=1)
-    total = demo.expected_total(inputs, None)
-    assert torch.equal(total, inputs[0] + inputs[1])
-    assert not torch.equal(total + (total == 0).int(), demo.expected_total(inputs, None))
+def test_a_corrupted_aggregate_is_reported_inexact(monkeypatch: pytest.MonkeyPatch) -> None:
+    inputs = demo.sparse_gradients(3, 256, 0.1, floats=False, seed=1)
+    real = demo.aggregate_local
+
+    def off_by_one(xs, **kwargs):
+        result = real(xs, **kwargs)
+        result.total[7] += 1
+        return result
+
+    monkeypatch.setattr(demo, "aggregate_local", off_by_one)
+    assert demo.run_case(inputs, "sketch", block=1)["exact"] is False
+
+
+def test_expected_total_of_floats_is_the_dequantized_integer_sum() -> None:
+    inputs = demo.sparse_gradients(2, 64, 0.25, floats=True, seed=2)
+    total = demo.expected_total(inputs, 20)
+    assert torch.allclose(total, inputs[0] + inputs[1], atol=2 * 2.0**-20)
+    assert not torch.equal(total, inputs[0] + inputs[1])  # quantized: not the float sum itself
