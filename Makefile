@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 
 venv: $(INSTALLED)
 
-$(INSTALLED): pyproject.toml
+$(INSTALLED): pyproject.toml setup.py host_agent/codec/_native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e '.[dev]'
@@ -73,6 +73,7 @@ system-deps:
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis
+	rm -f host_agent/codec/_native.*.so
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # The PTF suite against a target (root: veth pairs): `make ptf` (softswitch), `make ptf TARGET=bmv2`.

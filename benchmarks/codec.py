@@ -142,6 +142,7 @@ def _memcpy_s(src: torch.Tensor, dst: torch.Tensor) -> float:
 
 def run_case(args: argparse.Namespace, mode: str, density: float, block: int) -> dict:
     from host_agent.codec import aggregate_local
+    from host_agent.codec.native import native_available
 
     options = {} if args.margin is None else {"margin": args.margin}
     gen = torch.Generator().manual_seed(args.seed)
@@ -195,6 +196,8 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
         "scale_redo": stats.get("scale_redo", False),
         "repeats": args.repeats,
         "threads": torch.get_num_threads(),
+        # the compiled CPU kernels (peeling, set bits); without them the torch code runs, slower
+        "native_kernels": native_available() and args.device == "cpu",
     }
 
 

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from host_agent.codec import CodecState, WorkerSession, aggregate_local, int_bound, reduce_words
 from host_agent.codec.arith import add_int32, wrap_int32
-from host_agent.codec.bits import nonzero_positions, pack_bits, set_bits
+from host_agent.codec.bits import nonzero_positions, pack_bits, set_bits_bytes, set_bits_native
 from host_agent.codec.index import bloom_fp_rate, choose_index, encode_index, query_index
-from host_agent.codec.peeling import peel
+from host_agent.codec.native import native_available
+from host_agent.codec.peeling import peel, peel_native, peel_parallel
 from host_agent.codec.quantize import dequantize, quantize
 from host_agent.codec.sketch import PEEL_THRESHOLD, SketchSpec, cell_ids, encode_sketch, sketch_cells
 from lhc_ina.constants import LANES, MAX_WORKERS, PAYLOAD_BYTES, Op
@@ -300,7 +301,11 @@ def test_bit_helpers_agree_with_torch(seed, n, density):
     assert torch.equal(nonzero_positions(x), torch.nonzero(x != 0).squeeze(1))
     flags = torch.zeros((n + 31) // 32 * 32, dtype=torch.bool)
     flags[:n] = torch.rand(n, generator=g) < density
-    assert torch.equal(set_bits(pack_bits(flags)), torch.nonzero(flags).squeeze(1))
+    words = pack_bits(flags)
+    expected = torch.nonzero(flags).squeeze(1)
+    assert torch.equal(set_bits_native(words), expected)
+    assert torch.equal(set_bits_bytes(words), expected)
+    assert torch.equal(set_bits_native(words[1:]), set_bits_bytes(words[1:]))  # a view with an offset
 
 
 def test_bloom_has_no_false_negatives_and_the_modelled_false_positive_rate():
@@ -327,9 +332,54 @@ def test_peeling_recovers_every_value_above_threshold_and_wraps():
     spec = SketchSpec(sketch_cells(k, 0.03, 2, LANES), 2, seed=5)
     assert spec.cells >= PEEL_THRESHOLD * k
     words = encode_sketch(spec, cands, values)
-    result = peel(cell_ids(spec, cands), words.view(spec.cells, 2))
+    result = peel(spec, cands, words.view(spec.cells, 2))
     assert result.residue.numel() == 0
     assert torch.equal(result.values, values)
+
+
+def test_the_compiled_kernels_are_built():
+    # setup.py builds it with any C compiler; without it the codec still works, only slower.
+    assert native_available(), "host_agent/codec/_native.c is not built: pip install -e . with gcc present"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    k=st.sampled_from([0, 1, 2, 7, 300, 5000]),
+    load=st.sampled_from([0.3, 0.8, 1.0, 1.3]),  # candidates per cell / threshold: > 1 leaves a residue
+    block=st.sampled_from([1, 3, 32]),
+)
+def test_compiled_and_parallel_peeling_agree(seed, k, load, block):
+    g = torch.Generator().manual_seed(seed)
+    cands = torch.randperm(1 << 22, generator=g)[:k]  # unsorted on purpose
+    values = torch.randint(-(2**31), 2**31, (k, block), generator=g, dtype=torch.int64).to(torch.int32)
+    cells = 3 * max(1, math.ceil(PEEL_THRESHOLD * k / load / 3))
+    spec = SketchSpec(cells, block, seed=seed)
+    words = encode_sketch(spec, cands, values).view(cells, block)
+    before = words.clone()
+    native = peel_native(spec, cands, words)
+    parallel = peel_parallel(cell_ids(spec, cands), words)
+    assert torch.equal(words, before), "peeling must not modify the aggregate"
+    assert torch.equal(native.peeled, parallel.peeled)
+    assert torch.equal(native.values, parallel.values)
+    assert native.rounds == parallel.rounds
+    assert torch.equal(native.values[native.peeled], values[native.peeled])
+    assert not native.values[~native.peeled].any()
+    if load <= 0.8 and k >= 300:
+        assert native.peeled.all()
+    if load >= 1.3 and k >= 300:
+        assert not native.peeled.all()
+
+
+def test_compiled_peeling_rejects_bad_tensors():
+    spec = SketchSpec(9, 1, seed=1)
+    items = torch.arange(4)
+    with pytest.raises(ValueError, match="int64 items"):
+        peel_native(spec, items.to(torch.int32), torch.zeros((9, 1), dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"\(9, 1\) int32 cells"):
+        peel_native(spec, items, torch.zeros((8, 1), dtype=torch.int32))
+    with pytest.raises(ValueError, match="1-D int32"):
+        set_bits_native(torch.zeros(4, dtype=torch.int64))
 
 
 def test_encoding_is_deterministic():

@@ -12,6 +12,8 @@ import sys
 
 import torch
 
+from .native import native
+
 if sys.byteorder != "little":  # pragma: no cover - every CPU and GPU torch runs on is little-endian
     raise ImportError("host_agent.codec assumes a little-endian machine (bit arrays are read as bytes)")
 
@@ -82,6 +84,25 @@ def expand_bytes(byte_index: torch.Tensor, byte_value: torch.Tensor) -> torch.Te
 
 def set_bits(words: torch.Tensor) -> torch.Tensor:
     """Sorted positions (int64) of the set bits of an int32 word array."""
+    if words.device.type == "cpu" and native is not None:
+        return set_bits_native(words)
+    return set_bits_bytes(words)
+
+
+def set_bits_native(words: torch.Tensor) -> torch.Tensor:
+    """:func:`set_bits` by the compiled kernel (CPU tensors only)."""
+    if native is None:
+        raise RuntimeError("the compiled kernels are not built (reinstall with a C compiler)")
+    if words.dtype != torch.int32 or words.dim() != 1 or words.device.type != "cpu":
+        raise ValueError(f"set_bits wants a 1-D int32 CPU tensor, not {words.dtype} {tuple(words.shape)}")
+    words = words.contiguous()
+    out = torch.empty(native.popcount(words.data_ptr(), words.numel()), dtype=torch.int64)
+    native.set_bits(words.data_ptr(), words.numel(), out.data_ptr(), out.numel())
+    return out
+
+
+def set_bits_bytes(words: torch.Tensor) -> torch.Tensor:
+    """:func:`set_bits` in torch, byte by byte through the tables, on any device."""
     as_bytes = words.view(torch.uint8)
     nz = torch.nonzero(as_bytes).squeeze(1)
     return expand_bytes(nz, as_bytes.gather(0, nz).to(torch.int64))

@@ -12,8 +12,14 @@ magnitude) and wrapped to int32 at the end. A candidate alone in two or three ce
 once: any of its pure cells holds the same value, so the result does not depend on which one is used,
 on the order of atomics, or on the device.
 
-Implementation note: on CPU, ``gather``/``scatter_add_``/``index_select`` on 1-D tensors are several
-times faster than advanced indexing (``t[idx]``) and a sort, so the loop uses only those.
+Two implementations, same results (candidates, values and round count; tested against each other):
+
+* the parallel rounds here, in torch, for CUDA and as the portable fallback. On CPU, ``gather``,
+  ``scatter_add_`` and ``index_select`` on 1-D tensors are several times faster than advanced indexing
+  (``t[idx]``) and a sort, so the loop uses only those;
+* ``_native.c``, a compiled sequential kernel for CPU tensors, built when the package is installed with a C
+  compiler present: one work queue, each cell's count, candidate XOR and values in one record. It is about
+  five times faster on a CPU, where every round of the torch version is a dozen passes of random accesses.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from .arith import wrap_int32
-from .sketch import TABLES
+from .hashing import derive_seed
+from .native import native
+from .sketch import TABLES, SketchSpec, cell_ids
 
 
 @dataclass
@@ -42,9 +50,42 @@ _SHIFT = 40  # a cell's state is count * 2^40 + sum of its candidates' positions
 _POS_MASK = (1 << _SHIFT) - 1
 
 
-def peel(ids: torch.Tensor, cells: torch.Tensor) -> PeelResult:
-    """Peel ``cells`` ((m, block) int32, aggregated) given each candidate's cells ``ids`` ((3, K) int64,
-    row t in table t's range ``[t * m/3, (t+1) * m/3)``)."""
+def peel(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> PeelResult:
+    """Peel the aggregated sketch ``cells`` ((spec.cells, block) int32) over the candidate ``items`` (int64,
+    distinct). Neither input is modified."""
+    if cells.device.type == "cpu" and native is not None:
+        return peel_native(spec, items, cells)
+    return peel_parallel(cell_ids(spec, items), cells)
+
+
+def peel_native(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> PeelResult:
+    """:func:`peel` by the compiled kernel (CPU tensors only); it hashes the items itself."""
+    if native is None:
+        raise RuntimeError("the compiled peeling kernel is not built (reinstall with a C compiler)")
+    k = items.numel()
+    if items.dtype != torch.int64 or cells.dtype != torch.int32 or cells.shape != (spec.cells, spec.block):
+        raise ValueError(
+            f"peel wants int64 items and ({spec.cells}, {spec.block}) int32 cells, not {items.dtype} items"
+            f" and {cells.dtype} {tuple(cells.shape)} cells"
+        )
+    if items.device.type != "cpu" or cells.device.type != "cpu":
+        raise ValueError("peel_native runs on CPU tensors only")
+    if k >= 1 << 31:
+        raise ValueError("too many candidates for one sketch")
+    items = items.contiguous()
+    cells = cells.contiguous()
+    values = torch.zeros((k, spec.block), dtype=torch.int32)
+    peeled = torch.zeros(k, dtype=torch.bool)
+    seeds = tuple(derive_seed(spec.seed, t) for t in range(TABLES))
+    rounds = native.peel(
+        k, spec.table_cells, seeds, spec.block,
+        items.data_ptr(), cells.data_ptr(), values.data_ptr(), peeled.data_ptr(),
+    )
+    return PeelResult(values, peeled, rounds)
+
+
+def peel_parallel(ids: torch.Tensor, cells: torch.Tensor) -> PeelResult:
+    """:func:`peel` in parallel rounds of torch operations, on any device."""
     device = cells.device
     k = ids.shape[1]
     m, block = cells.shape

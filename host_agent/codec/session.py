@@ -62,7 +62,7 @@ from .quantize import (
     quantize,
     scale_for,
 )
-from .sketch import DEFAULT_MARGIN, PEEL_THRESHOLD, SketchSpec, cell_ids, encode_sketch, sketch_cells
+from .sketch import DEFAULT_MARGIN, PEEL_THRESHOLD, SketchSpec, encode_sketch, sketch_cells
 
 MODES = ("sketch", "union", "dense")
 DEFAULT_HEADROOM = 1
@@ -348,7 +348,7 @@ class WorkerSession:
         values: torch.Tensor | None = None
         if sspec is not None and self._held(agreed, assumed):
             with self._clock("decode"):
-                result = peel(cell_ids(sspec, cands), res[1].view(sspec.cells, block))
+                result = peel(sspec, cands, res[1].view(sspec.cells, block))
                 values = result.values
                 left = result.residue
                 residue = left.numel()
