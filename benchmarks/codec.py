@@ -205,7 +205,7 @@ def peel_trials(n_items: int, union: int, margin: float, trials: int, seed: int,
     """Peeling failures over ``trials`` random candidate sets of ``union`` items, sketch sized as the
     codec sizes it from an expectation of ``union`` (the hypergraph alone decides; values do not)."""
     from host_agent.codec.peeling import peel
-    from host_agent.codec.sketch import SketchSpec, cell_ids, sketch_cells
+    from host_agent.codec.sketch import SketchSpec, sketch_cells
     from lhc_ina.constants import LANES
 
     cells = sketch_cells(union, margin, 1, LANES)
@@ -214,7 +214,7 @@ def peel_trials(n_items: int, union: int, margin: float, trials: int, seed: int,
     for trial in range(trials):
         cands = torch.randperm(n_items, generator=gen)[:union].sort().values.to(device)
         spec = SketchSpec(cells, 1, seed * 1_000_003 + trial)
-        left = peel(cell_ids(spec, cands), torch.zeros((cells, 1), dtype=torch.int32, device=device)).residue
+        left = peel(spec, cands, torch.zeros((cells, 1), dtype=torch.int32, device=device)).residue
         failures += bool(left.numel())
         residues.append(left.numel())
     return {

@@ -49,6 +49,22 @@ _GROUP_BITS = [sum(width for _, width in group) for group in _GROUPS]
 HEADER_STRUCT = struct.Struct("!" + "".join(_STRUCT_CODES[bits] for bits in _GROUP_BITS))
 assert HEADER_STRUCT.size == c.HEADER_BYTES
 
+def _field_positions() -> tuple[dict[str, int], dict[str, int]]:
+    """Each field's byte offset in the header (of the byte group holding it) and its shift in that group."""
+    offsets: dict[str, int] = {}
+    shifts: dict[str, int] = {}
+    offset = 0
+    for group, bits in zip(_GROUPS, _GROUP_BITS, strict=True):
+        left = bits
+        for name, width in group:
+            left -= width
+            offsets[name], shifts[name] = offset, left
+        offset += bits // 8
+    return offsets, shifts
+
+
+HEADER_OFFSETS, HEADER_SHIFTS = _field_positions()
+
 #: Header fields packed into a shared byte get one dtype field per group, named after the group.
 _DTYPE_NAMES = ["_".join(name for name, _ in group) if len(group) > 1 else group[0][0] for group in _GROUPS]
 HEADER_DTYPE = np.dtype(

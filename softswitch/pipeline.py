@@ -24,6 +24,7 @@ from p4.config.v1 import p4info_pb2
 
 from lhc_ina import constants as c
 from lhc_ina.p4info import P4InfoIndex
+from lhc_ina.wire import HEADER_OFFSETS, HEADER_SHIFTS
 from softswitch.pre import MulticastGroups
 from softswitch.tables import ActionCall, ExactTable, LpmTable, Table
 
@@ -37,22 +38,53 @@ DROP_PORT = 511
 #: covers any Ethernet frame an AF_PACKET socket delivers.
 RX_BYTES = 65536 + 64
 
-# Header offsets in the frame.
+# Offsets in the frame: the headers, then every field the pipeline reads or rewrites.
 _IPV4 = c.ETHERNET_BYTES
 _UDP = _IPV4 + c.IPV4_BYTES
 _LHC = _UDP + c.UDP_BYTES
 _PAYLOAD = _LHC + c.HEADER_BYTES
 _END = _PAYLOAD + c.PAYLOAD_BYTES
+_ETH_DST, _ETH_SRC, _ETH_TYPE = slice(0, 6), slice(6, 12), 12
+_IP_TOTAL_LEN, _IP_FRAG, _IP_TTL, _IP_PROTO = _IPV4 + 2, _IPV4 + 6, _IPV4 + 8, _IPV4 + 9
+_IP_SRC, _IP_DST = slice(_IPV4 + 12, _IPV4 + 16), slice(_IPV4 + 16, _IPV4 + 20)
+_UDP_SPORT, _UDP_DPORT = slice(_UDP, _UDP + 2), slice(_UDP + 2, _UDP + 4)
+_UDP_LEN, _UDP_CSUM = _UDP + 4, _UDP + 6
+# lhc byte 0 packs msg_type, op, ver and flags; positions from constants.HEADER_FIELDS.
+_BYTE0 = _LHC + HEADER_OFFSETS["msg_type"]
+_WIDTHS = dict(c.HEADER_FIELDS)
+_TYPE_SHIFT, _OP_SHIFT, _VER_SHIFT, _FLAGS_SHIFT = (
+    HEADER_SHIFTS[field] for field in ("msg_type", "op", "ver", "flags")
+)
+_OP_MASK, _FLAGS_MASK = (1 << _WIDTHS["op"]) - 1, (1 << _WIDTHS["flags"]) - 1
+_BYTE0_KEEP = (1 << _TYPE_SHIFT) - 1  # op, ver, flags travel into results; msg_type is rewritten
+_JOB_ID = _LHC + HEADER_OFFSETS["job_id"]
+_BITMAP = _LHC + HEADER_OFFSETS["bitmap"]
+assert all(HEADER_OFFSETS[f] == HEADER_OFFSETS["msg_type"] for f in ("op", "ver", "flags"))
 
-#: Every field the lhc path reads, in one unpack of the first 50 bytes: ether_type, IPv4 version+ihl,
-#: total_len, flags+frag_offset, protocol, src, dst, UDP src/dst port, length, lhc byte 0 (msg_type, op,
-#: ver, flags), worker_id, job_id, slot, epoch.
-_HEADERS = struct.Struct("!12xHBxHxxHxBxxIIHHHxxBBHHH")
-_IPV4_WORDS = struct.Struct("!10H")
+
+def _reader(fields: list[tuple[int, str]]) -> struct.Struct:
+    """One big-endian struct that reads ``(frame offset, struct code)`` fields, in offset order."""
+    fmt, at = "!", 0
+    for offset, code in fields:
+        if offset < at:
+            raise ValueError(f"field at {offset} overlaps the previous one")
+        fmt += f"{offset - at}x{code}" if offset > at else code
+        at = offset + struct.calcsize("!" + code)
+    return struct.Struct(fmt)
+
+
+#: Every field the lhc path reads, in one unpack: ether_type, IPv4 version+ihl, total_len,
+#: flags+frag_offset, protocol, src, dst, UDP src/dst port, length, lhc byte 0, worker_id, job_id, slot,
+#: epoch.
+_HEADERS = _reader([
+    (_ETH_TYPE, "H"), (_IPV4, "B"), (_IP_TOTAL_LEN, "H"), (_IP_FRAG, "H"), (_IP_PROTO, "B"),
+    (_IP_SRC.start, "I"), (_IP_DST.start, "I"), (_UDP_SPORT.start, "H"), (_UDP_DPORT.start, "H"),
+    (_UDP_LEN, "H"), (_BYTE0, "B"), (_LHC + HEADER_OFFSETS["worker_id"], "B"), (_JOB_ID, "H"),
+    (_LHC + HEADER_OFFSETS["slot"], "H"), (_LHC + HEADER_OFFSETS["epoch"], "H"),
+])
+_IPV4_WORDS = struct.Struct(f"!{c.IPV4_BYTES // 2}H")
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
-_BYTE0_KEEP = 0x0F  # op, ver, flags of lhc byte 0 travel into results; msg_type is the high nibble
-_BITMAP = _LHC + 12  # offset of hdr.lhc.bitmap
 
 # Plain ints for the hot path: an IntEnum member or a module attribute costs a lookup per use.
 _S = c.Stat
@@ -227,7 +259,7 @@ class Pipeline:
             return
         level, error = self._parse(length)
         rx = self.rx
-        if level >= _UDP_VALID and (rx[36] << 8 | rx[37]) & _PORT_MASK == _PORT_BASE:
+        if level >= _UDP_VALID and _U16.unpack_from(rx, _UDP_DPORT.start)[0] & _PORT_MASK == _PORT_BASE:
             self._lhc_ingress(length, ingress_port, level, error, emit)
         elif not error:
             self._forward_ingress(length, level, emit)
@@ -239,7 +271,7 @@ class Pipeline:
         rx = self.rx
         if length < c.ETHERNET_BYTES:
             return _NONE, True
-        if rx[12] != 0x08 or rx[13] != 0x00:  # parse_ethernet: ether_type != IPv4 -> accept
+        if _U16.unpack_from(rx, _ETH_TYPE)[0] != c.ETHERTYPE_IPV4:  # parse_ethernet: not IPv4 -> accept
             return _ETHERNET, False
         if length < _IPV4 + 1:  # parse_ipv4_check: lookahead<bit<8>> past the end
             return _ETHERNET, True
@@ -247,11 +279,12 @@ class Pipeline:
             return _ETHERNET, False
         if length < _UDP:
             return _ETHERNET, True
-        if (rx[20] & 0x1F) or rx[21] or rx[23] != c.IP_PROTO_UDP:  # parse_ipv4: (frag_offset, protocol)
+        # parse_ipv4: select (frag_offset, protocol); frag_offset is the low 13 bits of the flags word
+        if _U16.unpack_from(rx, _IP_FRAG)[0] & 0x1FFF or rx[_IP_PROTO] != c.IP_PROTO_UDP:
             return _IPV4_VALID, False
         if length < _LHC:
             return _IPV4_VALID, True
-        if (rx[36] << 8 | rx[37]) & _PORT_MASK != _PORT_BASE:  # parse_udp: not lhc -> accept
+        if _U16.unpack_from(rx, _UDP_DPORT.start)[0] & _PORT_MASK != _PORT_BASE:  # parse_udp: not lhc
             return _UDP_VALID, False
         if length < _PAYLOAD:  # parse_lhc: extract(hdr.lhc)
             return _UDP_VALID, True
@@ -271,11 +304,12 @@ class Pipeline:
             (_, _, total_len, _, _, src, _, _, _, udp_len, byte0, worker_id, job_id, slot, epoch) = (
                 _HEADERS.unpack_from(rx)
             )
-            if udp_len != _UDP_LENGTH or total_len != _IPV4_TOTAL_LENGTH or byte0 & 1:
+            flags = (byte0 >> _FLAGS_SHIFT) & _FLAGS_MASK
+            if udp_len != _UDP_LENGTH or total_len != _IPV4_TOTAL_LENGTH or flags:
                 stat = _DROP_MALFORMED
-            elif byte0 >> 4 != _DATA:
+            elif byte0 >> _TYPE_SHIFT != _DATA:
                 stat = _DROP_BAD_TYPE
-            elif (byte0 >> 2) & 3 > _OP_OR:
+            elif (byte0 >> _OP_SHIFT) & _OP_MASK > _OP_OR:
                 stat = _DROP_BAD_OP
             else:
                 job = self.jobs.entries.get(job_id)
@@ -295,7 +329,7 @@ class Pipeline:
                             stat = _DROP_BAD_WORKER
                         else:
                             stat = self._aggregate(
-                                (slot_base + slot) * _SLOT_COPIES + ((byte0 >> 1) & 1),
+                                (slot_base + slot) * _SLOT_COPIES + ((byte0 >> _VER_SHIFT) & 1),
                                 epoch,
                                 worker[1] if worker[0] == ADMIT_WORKER else 0,
                                 fan_in,
@@ -329,12 +363,12 @@ class Pipeline:
                 return _DROP_DUPLICATE
             # Duplicate of a finished copy: the stored result goes back to the sender.
             self._payload[:] = row
-            rx[_LHC] = (_RESULT_RETX_TYPE << 4) | (byte0 & _BYTE0_KEEP)
+            rx[_BYTE0] = (_RESULT_RETX_TYPE << _TYPE_SHIFT) | (byte0 & _BYTE0_KEEP)
             _U32.pack_into(rx, _BITMAP, bitmap)
-            rx[0:6], rx[6:12] = rx[6:12], rx[0:6]
-            rx[26:30], rx[30:34] = rx[30:34], rx[26:30]
-            rx[34:36], rx[36:38] = rx[36:38], rx[34:36]
-            rx[40] = rx[41] = 0  # udp.checksum
+            rx[_ETH_DST], rx[_ETH_SRC] = rx[_ETH_SRC], rx[_ETH_DST]
+            rx[_IP_SRC], rx[_IP_DST] = rx[_IP_DST], rx[_IP_SRC]
+            rx[_UDP_SPORT], rx[_UDP_DPORT] = rx[_UDP_DPORT], rx[_UDP_SPORT]
+            _U16.pack_into(rx, _UDP_CSUM, 0)
             return _RETX
         other = cell ^ 1  # SLOT_COPIES == 2: the other shadow copy of the slot
         bitmaps[other] = bitmaps[other] & ~worker_bit & 0xFFFFFFFF
@@ -343,7 +377,7 @@ class Pipeline:
             bitmap = worker_bit
             remaining = (fan_in - 1) & 0xFF
         else:
-            if (byte0 >> 2) & 3 == _OP_ADD:
+            if (byte0 >> _OP_SHIFT) & _OP_MASK == _OP_ADD:
                 np.add(row, self._payload, out=row)  # uint32: wraps mod 2^32
             else:
                 np.bitwise_or(row, self._payload, out=row)
@@ -356,12 +390,12 @@ class Pipeline:
         if remaining:
             return _ABSORBED
         # The last contribution: the packet becomes the result, sourced from the switch's address.
-        rx[_LHC] = (_RESULT_TYPE << 4) | (byte0 & _BYTE0_KEEP)
+        rx[_BYTE0] = (_RESULT_TYPE << _TYPE_SHIFT) | (byte0 & _BYTE0_KEEP)
         _U32.pack_into(rx, _BITMAP, bitmap)
-        rx[6:12] = rx[0:6]
-        rx[26:30] = rx[30:34]
-        rx[34:36] = rx[36:38]
-        rx[40] = rx[41] = 0
+        rx[_ETH_SRC] = rx[_ETH_DST]
+        rx[_IP_SRC] = rx[_IP_DST]
+        rx[_UDP_SPORT] = rx[_UDP_DPORT]
+        _U16.pack_into(rx, _UDP_CSUM, 0)
         return _RESULT
 
     # --- LhcIngress: everything else ---------------------------------------------------------------
@@ -370,19 +404,20 @@ class Pipeline:
         l2_forward. Defaults drop. No counters."""
         rx = self.rx
         if level >= _IPV4_VALID:
-            ttl = rx[22]
+            ttl = rx[_IP_TTL]
             if ttl <= 1:
                 return
-            dst = rx[30] << 24 | rx[31] << 16 | rx[32] << 8 | rx[33]
+            dst = _U32.unpack_from(rx, _IP_DST.start)[0]
             action = self.ipv4_routes.lookup(dst) or self.ipv4_routes.default
             if action[0] != ROUTE:
                 return
             _, port, src_mac, dst_mac = action
-            rx[0:6] = dst_mac.to_bytes(6, "big")
-            rx[6:12] = src_mac.to_bytes(6, "big")
-            rx[22] = ttl - 1
+            rx[_ETH_DST] = dst_mac.to_bytes(6, "big")
+            rx[_ETH_SRC] = src_mac.to_bytes(6, "big")
+            rx[_IP_TTL] = ttl - 1
         else:
-            action = self.l2_forward.entries.get(int.from_bytes(rx[0:6], "big")) or self.l2_forward.default
+            dst_mac = int.from_bytes(rx[_ETH_DST], "big")
+            action = self.l2_forward.entries.get(dst_mac) or self.l2_forward.default
             if action[0] != SET_PORT:
                 return
             port = action[1]
@@ -407,17 +442,17 @@ class Pipeline:
         if port == DROP_PORT:
             return
         rx = self.rx
-        if is_lhc and rx[_LHC] >> 4 == _RESULT_TYPE:
-            action = self.replicas.entries.get((rx[44] << 8 | rx[45]) << 16 | egress_rid)
+        if is_lhc and rx[_BYTE0] >> _TYPE_SHIFT == _RESULT_TYPE:
+            action = self.replicas.entries.get(_U16.unpack_from(rx, _JOB_ID)[0] << 16 | egress_rid)
             if action is None:
                 action = self.replicas.default
             if action[0] != SET_REPLICA_DST:
                 return
             _, dst_mac, dst_addr, dst_port = action
-            rx[0:6] = dst_mac.to_bytes(6, "big")
+            rx[_ETH_DST] = dst_mac.to_bytes(6, "big")
             _U32.pack_into(rx, 30, dst_addr)
             _U16.pack_into(rx, 36, dst_port)
-        if rx[12] == 0x08 and rx[13] == 0x00 and rx[_IPV4] == 0x45 and length >= _UDP:
+        if _U16.unpack_from(rx, _ETH_TYPE)[0] == c.ETHERTYPE_IPV4 and rx[_IPV4] == 0x45 and length >= _UDP:
             words = _IPV4_WORDS.unpack_from(rx, _IPV4)
             total = sum(words) - words[5]
             total = (total & 0xFFFF) + (total >> 16)

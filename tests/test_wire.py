@@ -28,6 +28,17 @@ def test_struct_round_trip(header: wire.LhcHeader, words: list[int]) -> None:
 
 
 @settings(max_examples=100, deadline=None)
+@given(headers)
+def test_field_offsets_and_shifts_locate_every_field(header: wire.LhcHeader) -> None:
+    buf = wire.pack_packet(header, np.zeros(c.LANES, dtype=np.uint32))
+    for name, width in c.HEADER_FIELDS:
+        size = max(1, width // 8)
+        at = wire.HEADER_OFFSETS[name]
+        group = int.from_bytes(buf[at : at + size], "big")
+        assert (group >> wire.HEADER_SHIFTS[name]) & ((1 << width) - 1) == getattr(header, name), name
+
+
+@settings(max_examples=100, deadline=None)
 @given(headers, payloads)
 def test_numpy_batch_and_scapy_agree_with_struct(header: wire.LhcHeader, words: list[int]) -> None:
     expected = wire.pack_packet(header, np.array(words, dtype=np.uint32))

@@ -1,0 +1,41 @@
+"""The benchmark suites run end to end on small cases and print the figures they promise (as JSON).
+
+They measure nothing here: speed is read from `make bench`, never asserted in a test.
+"""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.cli import main
+
+CODEC_FIELDS = {
+    "encode_s", "decode_s", "memcpy_s", "bytes_per_worker", "dense_bytes", "info_bound_bytes", "exact",
+    "rounds", "candidates", "residue", "native_kernels",
+}
+
+
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys):
+    argv = ["codec", "--length", "30000", "--density", "0.01,0.05", "--block", "1,4", "--repeats", "1",
+            "--mode", "sketch,union,dense", "--peel-trials", "3"]
+    assert main(argv) == 0
+    lines = _json_lines(capsys.readouterr().out)
+    cases, trials = lines[:-1], lines[-1]
+    assert len(cases) == 2 * 2 * 3
+    for case in cases:
+        assert case.keys() >= CODEC_FIELDS
+        assert case["exact"] is True
+        assert case["bytes_per_worker"] > 0 and case["info_bound_bytes"] > 0
+    assert {c["mode"] for c in cases} == {"sketch", "union", "dense"}
+    assert trials["peel_trials"] == 3 and 0 <= trials["failures"] <= 3
+    assert trials["cells_per_candidate"] > 1.22
+
+
+def test_switch_benchmark_reports_rates(capsys):
+    assert main(["switch", "--case", "pipeline", "--seconds", "0.2", "--json"]) == 0
+    (case,) = _json_lines(capsys.readouterr().out)
+    assert case["packets_per_s"] > 0
