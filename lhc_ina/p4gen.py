@@ -72,27 +72,14 @@ def _codes() -> list[tuple[int, str, int]]:
     return out
 
 
-#: Tofino-1 (p4src/tna): value register pairs updated in the first pass, after the control stages
-#: (docs/tofino.md has the stage budget). The lanes past them are single registers, done in the second pass.
-TNA_PASS1_PAIRS = 24
-
-
 def _lane_macros() -> list[str]:
     lanes = " ".join(f"M({i})" for i in range(c.LANES))
     pairs = " ".join(f"M({i}, {i + 1})" for i in range(0, c.LANES, 2))
-    pass1_pairs = min(TNA_PASS1_PAIRS, c.LANES // 2)
-    tna_pairs = " ".join(f"M({2 * i}, {2 * i + 1})" for i in range(pass1_pairs))
-    tna_rest = " ".join(f"M({i})" for i in range(2 * pass1_pairs, c.LANES))
     return [
         "// LHC_FOR_EACH_LANE(M) expands M(i) for every lane i; LHC_FOR_EACH_LANE_PAIR(M) expands",
-        "// M(i, i + 1) for every even i (64-bit register pairs on Tofino).",
+        "// M(i, i + 1) for every even i (the 64-bit value register pairs of p4src/tna).",
         f"#define LHC_FOR_EACH_LANE(M) {lanes}",
         f"#define LHC_FOR_EACH_LANE_PAIR(M) {pairs}",
-        "// Tofino split (p4src/tna, docs/tofino.md): lanes 0 .. 2 * LHC_TNA_PASS1_PAIRS - 1 as register",
-        "// pairs in the first pass, the remaining lanes as single registers in the second pass.",
-        f"#define LHC_TNA_PASS1_PAIRS {pass1_pairs}",
-        f"#define LHC_FOR_EACH_TNA_PASS1_PAIR(M) {tna_pairs}",
-        f"#define LHC_FOR_EACH_TNA_PASS2_LANE(M) {tna_rest}",
     ]
 
 

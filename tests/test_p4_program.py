@@ -357,45 +357,160 @@ def test_switch_md_names_what_the_p4info_has(p4info: P4InfoIndex) -> None:
 
 
 # --- the TNA program ----------------------------------------------------------------------------------
+#: Tofino-1: MAU stages and stateful ALUs per stage; the slot logic takes the first TNA_SLOT_STAGES stages
+#: (jobs and workers | bitmaps | seen | count), the value register pairs fill the others (docs/tofino.md).
+TOFINO1_STAGES = 12
+TOFINO1_SALUS_PER_STAGE = 4
+TNA_SLOT_STAGES = 4
+#: What each internal `update_A_B` table does, by key (vmode, remaining, op); `_` is a wildcard.
+TNA_UPDATE_ENTRIES = [
+    (("LHC_VMODE_NEW", "0", "_"), "first"),
+    (("LHC_VMODE_NEW", "_", f"2w{c.Op.ADD.value}"), "add"),
+    (("LHC_VMODE_NEW", "_", f"2w{c.Op.OR.value}"), "or"),
+    (("LHC_VMODE_OR", "_", "_"), "or"),
+    (("LHC_VMODE_HI", "_", "_"), "hi"),
+]
+
+
 @pytest.fixture(scope="module")
 def tna_text(tmp_path_factory: pytest.TempPathFactory) -> str:
     return preprocess(TNA_P4, tmp_path_factory.mktemp("cpp_tna"))
 
 
-def test_tna_has_the_v1model_tables_and_actions(tna_text: str, v1model: P4Program) -> None:
-    """The controller drives both programs by the same names, keys and action parameters."""
-    tna = parse_program(tna_text)
-    assert set(tna.tables) == set(v1model.tables)
+@pytest.fixture(scope="module")
+def tna(tna_text: str) -> P4Program:
+    return parse_program(tna_text)
+
+
+def _register_actions(body: str) -> dict[str, tuple[str, str]]:
+    """RegisterAction name -> (register, apply body)."""
+    out = {}
+    for m in re.finditer(r"\bRegisterAction<[^()]*>\(\s*(\w+)\s*\)\s*(\w+)\s*=\s*\{", body):
+        outer = _block(body, m.end() - 1)
+        apply = re.search(r"\bapply\s*\([^)]*\)\s*\{", outer)
+        out[m.group(2)] = (m.group(1), re.sub(r"\s+", " ", _block(outer, apply.end() - 1)).strip())
+    return out
+
+
+def _apply_block(body: str) -> str:
+    return re.sub(r"\s+", " ", _block(body, re.search(r"\bapply\s*\{", body).end() - 1))
+
+
+def _const_entries(table_body: str) -> list[tuple[tuple[str, ...], str]]:
+    entries = _block(table_body, re.search(r"\bconst\s+entries\s*=\s*\{", table_body).end() - 1)
+    return [
+        (tuple(k.strip() for k in keys.split(",")), action)
+        for keys, action in re.findall(r"\(([^()]*)\)\s*:\s*(\w+)\s*\(\s*\)\s*;", entries)
+    ]
+
+
+def test_tna_has_the_v1model_tables_and_actions(tna: P4Program, v1model: P4Program) -> None:
+    """The controller drives both programs by the same names, keys and action parameters. The TNA program
+    has one more table per value register pair, `update_A_B`: const entries and a const default, so the
+    controller has nothing to write there."""
     for name, table in v1model.tables.items():
         theirs = tna.tables[name]
         keys = [(e.replace("standard_metadata.", "eg_intr_md."), k) for e, k in table.keys]
         assert theirs.keys == keys, name
         assert theirs.actions == table.actions and theirs.default_action == table.default_action, name
+        assert theirs.default_only == table.default_only and theirs.const_default, name
         assert theirs.size == table.size, name
         for action in table.actions:
             assert tna.actions[action] == v1model.actions[action], action
+    internal = set(tna.tables) - set(v1model.tables)
+    want = {f"LhcIngress.update_{a}_{a + 1}" for a in range(0, c.LANES, 2)}
+    assert internal == want
+    for name in internal:
+        table = tna.tables[name]
+        assert table.const_default and table.default_action == "LhcIngress.NoAction", name
+        ingress = tna.controls["LhcIngress"]
+        body = _block(ingress, ingress.index("{", ingress.index(f"table {name.split('.')[1]} ")))
+        assert _const_entries(body), f"{name}: an internal table must have const entries"
 
 
-def test_tna_every_lane_is_aggregated_once_per_packet(tna_text: str) -> None:
-    ingress = re.sub(r"\s+", " ", parse_program(tna_text).controls["LhcIngress"])
-    pair_re = r"hdr\.payload\.w(\d+) = first_\1_(\d+)\.execute"
-    pairs = [(int(a), int(b)) for a, b in re.findall(pair_re, ingress)]
-    singles = [int(x) for x in re.findall(r"hdr\.payload\.w(\d+) = first_\1\.execute", ingress)]
-    covered = sorted([i for pair in pairs for i in pair] + singles)
-    assert covered == list(range(c.LANES)), "every lane is in exactly one register (pair or single)"
+def test_tna_every_lane_is_in_exactly_one_register_pair(tna: P4Program) -> None:
+    ingress = tna.controls["LhcIngress"]
+    actions = _register_actions(ingress)
+    apply = _apply_block(ingress)
+    declared = re.findall(r"\bRegister<pair_t, cell_index_t>\(\w+\)\s*values_(\d+)_(\d+);", ingress)
+    pairs = sorted({(int(a), int(b)) for a, b in declared})
+    assert sorted(lane for pair in pairs for lane in pair) == list(range(c.LANES)), "every lane exactly once"
+    norm = re.sub(r"\s+", " ", ingress)
     for a, b in pairs:
         assert b == a + 1
-        for kind in ("add", "or"):
-            assert f"hdr.payload.w{a} = {kind}_{a}_{b}.execute(meta.cell);" in ingress, (kind, a)
-        assert f"hdr.payload.w{b} = hi_{a}_{b}.execute(meta.cell);" in ingress, ("harvest", b)
-    for lane in singles:
-        for kind in ("first", "add", "or"):
-            assert f"hdr.payload.w{lane} = {kind}_{lane}.execute(meta.cell);" in ingress, (kind, lane)
+        reg = f"values_{a}_{b}"
+        # The four RegisterActions of the pair: update both halves and return the low one, or read the high.
+        wa, wb = f"hdr.payload.w{a}", f"hdr.payload.w{b}"
+        assert actions[f"first_{a}_{b}"] == (reg, f"v.lo = {wa}; v.hi = {wb}; rv = v.lo;")
+        assert actions[f"add_{a}_{b}"] == (reg, f"v.lo = v.lo + {wa}; v.hi = v.hi + {wb}; rv = v.lo;")
+        assert actions[f"or_{a}_{b}"] == (reg, f"v.lo = v.lo | {wa}; v.hi = v.hi | {wb}; rv = v.lo;")
+        assert actions[f"hi_{a}_{b}"] == (reg, "rv = v.hi;")
+        for kind, lane in (("first", a), ("add", a), ("or", a), ("hi", b)):
+            body = f"hdr.payload.w{lane} = {kind}_{a}_{b}.execute(meta.cell);"
+            assert f"action do_{kind}_{a}_{b}() {{ {body} }}" in norm, (kind, a)
+        # The table that picks one of them, applied once per pass.
+        table = tna.tables[f"LhcIngress.update_{a}_{b}"]
+        keys = ["meta.vmode", "meta.remaining", "hdr.lhc.op"]
+        assert table.keys == [(key, "TERNARY") for key in keys]
+        body = _block(ingress, ingress.index("{", ingress.index(f"table update_{a}_{b} ")))
+        want = [(keys, f"do_{kind}_{a}_{b}") for keys, kind in TNA_UPDATE_ENTRIES]
+        assert _const_entries(body) == want, (a, b)
+        assert apply.count(f"update_{a}_{b}.apply();") == 1, (a, b)
+    assert len(pairs) <= (TOFINO1_STAGES - TNA_SLOT_STAGES) * TOFINO1_SALUS_PER_STAGE, "more pairs than ALUs"
 
 
-def test_tna_register_actions_per_register_fit_tofino(tna_text: str) -> None:
+def test_tna_register_actions_per_register_fit_tofino(tna: P4Program) -> None:
     """At most four RegisterActions per Register (one stateful ALU's instruction slots)."""
-    ingress = parse_program(tna_text).controls["LhcIngress"]
+    ingress = tna.controls["LhcIngress"]
     registers = re.findall(r"\bRegister<[^;]*?>\([^)]*\)\s*(\w+);", ingress)
     per_register = {r: len(re.findall(rf"RegisterAction<[^()]*>\(\s*{r}\s*\)", ingress)) for r in registers}
     assert per_register and all(1 <= n <= 4 for n in per_register.values()), per_register
+    assert len(registers) == c.LANES // 2 + 3  # the pairs, bitmap_c0, bitmap_c1, count
+
+
+def test_tna_register_outputs_are_what_they_mean(tna: P4Program) -> None:
+    """bf-p4c 9.13.4 outputs the *updated* half for `rv = v.lo` when any statement before it in the text
+    wrote v.lo, even one in the other branch of an if. So a half that a branch returns as stored must not
+    have been written earlier in the text, except in that branch before the return (where the updated
+    value is what P4 means too)."""
+    for name, (_, body) in _register_actions(tna.controls["LhcIngress"]).items():
+        path: list[int] = []
+        counter = 0
+        writes: list[tuple[str, tuple[int, ...]]] = []
+        for token in re.findall(r"\{|\}|[^{};]+;", body):
+            if token == "{":
+                counter += 1
+                path.append(counter)
+                continue
+            if token == "}":
+                path.pop()
+                continue
+            stmt = token.strip()
+            here = tuple(path)
+            m = re.match(r"rv = v\.(lo|hi);$", stmt)
+            if m:
+                half = m.group(1)
+                earlier = [p for h, p in writes if h == half]
+                in_scope = [p for p in earlier if here[: len(p)] == p]
+                assert not earlier or in_scope, f"{name}: `{stmt}` would output the updated v.{half}"
+            m = re.match(r"(?:else\s*)?(?:if\s*\(.*\)\s*)?v\.(lo|hi) =", stmt)
+            if m:
+                writes.append((m.group(1), here))
+
+
+def test_tna_parser_initializes_all_metadata(tna_text: str) -> None:
+    """Every metadata field is set in the start state (else p4c warns that `meta` may be uninitialized,
+    and Tofino does not clear metadata)."""
+    struct = _block(tna_text, re.search(r"\bstruct\s+lhc_ig_metadata_t\s*\{", tna_text).end() - 1)
+    fields = re.findall(r"(?:bit<\d+>|\w+)\s+(\w+)\s*;", struct)
+    parser = tna_text[re.search(r"\bparser\s+LhcIngressParser\b", tna_text).start():]
+    start = _block(parser, re.search(r"\bstate\s+start\s*\{", parser).end() - 1)
+    assigned = re.findall(r"\bmeta\.(\w+)\s*=", start)
+    assert sorted(assigned) == sorted(fields)
+
+
+def test_tna_only_results_reach_egress(tna: P4Program) -> None:
+    """The egress parser reads Ethernet .. lhc unconditionally: every unicast path bypasses egress."""
+    for name, body in re.findall(r"\baction\s+(\w+)\s*\([^)]*\)\s*\{([^}]*)\}", tna.controls["LhcIngress"]):
+        if "ig_tm_md.ucast_egress_port =" in body:
+            assert re.search(r"ig_tm_md\.bypass_egress = 1;", body), name

@@ -57,13 +57,8 @@ header lhc_t {
 }
 
 // LHC_FOR_EACH_LANE(M) expands M(i) for every lane i; LHC_FOR_EACH_LANE_PAIR(M) expands
-// M(i, i + 1) for every even i (64-bit register pairs on Tofino).
+// M(i, i + 1) for every even i (the 64-bit value register pairs of p4src/tna).
 #define LHC_FOR_EACH_LANE(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25) M(26) M(27) M(28) M(29) M(30) M(31) M(32) M(33) M(34) M(35) M(36) M(37) M(38) M(39) M(40) M(41) M(42) M(43) M(44) M(45) M(46) M(47) M(48) M(49) M(50) M(51) M(52) M(53) M(54) M(55) M(56) M(57) M(58) M(59) M(60) M(61) M(62) M(63)
 #define LHC_FOR_EACH_LANE_PAIR(M) M(0, 1) M(2, 3) M(4, 5) M(6, 7) M(8, 9) M(10, 11) M(12, 13) M(14, 15) M(16, 17) M(18, 19) M(20, 21) M(22, 23) M(24, 25) M(26, 27) M(28, 29) M(30, 31) M(32, 33) M(34, 35) M(36, 37) M(38, 39) M(40, 41) M(42, 43) M(44, 45) M(46, 47) M(48, 49) M(50, 51) M(52, 53) M(54, 55) M(56, 57) M(58, 59) M(60, 61) M(62, 63)
-// Tofino split (p4src/tna, docs/tofino.md): lanes 0 .. 2 * LHC_TNA_PASS1_PAIRS - 1 as register
-// pairs in the first pass, the remaining lanes as single registers in the second pass.
-#define LHC_TNA_PASS1_PAIRS 24
-#define LHC_FOR_EACH_TNA_PASS1_PAIR(M) M(0, 1) M(2, 3) M(4, 5) M(6, 7) M(8, 9) M(10, 11) M(12, 13) M(14, 15) M(16, 17) M(18, 19) M(20, 21) M(22, 23) M(24, 25) M(26, 27) M(28, 29) M(30, 31) M(32, 33) M(34, 35) M(36, 37) M(38, 39) M(40, 41) M(42, 43) M(44, 45) M(46, 47)
-#define LHC_FOR_EACH_TNA_PASS2_LANE(M) M(48) M(49) M(50) M(51) M(52) M(53) M(54) M(55) M(56) M(57) M(58) M(59) M(60) M(61) M(62) M(63)
 
 #endif  // LHC_CONSTANTS_P4_
