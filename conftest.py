@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,19 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def tofino_compiler() -> str | None:
+    """A compiler driver for Tofino: $BF_P4C (as in the Makefile), `bf-p4c` (Intel's SDE), or the `p4c`
+    driver installed next to the open-source backend `p4c-barefoot`; None when there is none."""
+    for name in (os.environ.get("BF_P4C"), "bf-p4c"):
+        found = shutil.which(name) if name else None
+        if found:
+            return found
+    backend = shutil.which("p4c-barefoot")
+    if backend and (Path(backend).parent / "p4c").is_file():
+        return str(Path(backend).parent / "p4c")
+    return None
+
+
 def _missing(marker: str) -> str | None:
     """Why tests with ``marker`` cannot run here, or None when they can."""
     if marker == "root":
@@ -26,6 +40,10 @@ def _missing(marker: str) -> str | None:
         return None if shutil.which("simple_switch_grpc") else "needs BMv2 simple_switch_grpc on PATH"
     if marker == "p4c":
         return None if shutil.which("p4c") else "needs the p4c compiler on PATH"
+    if marker == "bf_p4c":
+        if tofino_compiler():
+            return None
+        return "needs a Tofino compiler: bf-p4c, $BF_P4C, or p4c-barefoot (with its p4c driver) on PATH"
     if marker == "gpu":
         return None if _has_cuda() else "needs a CUDA device"
     return None

@@ -16,7 +16,9 @@ def test_missing_tools_and_privileges_give_reasons(monkeypatch: pytest.MonkeyPat
     import conftest
 
     monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("BF_P4C", raising=False)
     assert "p4c" in conftest._missing("p4c")
+    assert "bf-p4c" in conftest._missing("bf_p4c")
     assert "simple_switch_grpc" in conftest._missing("bmv2")
     assert "make system-deps" in conftest._missing("mininet")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)

@@ -1,0 +1,107 @@
+"""The TNA program through a Tofino compiler (marked ``bf_p4c``).
+
+- bf-p4c compiles ``p4src/tna/lhc.p4`` for Tofino-1 without a warning, and its assembler writes the
+  binary (``pipe/tofino.bin``) and the driver's ``pipe/context.json``.
+- The placement is docs/tofino.md's: 12 stages at most, the slot state in stages 1 (bitmaps) and 3
+  (count), the value register pairs four per stage after it.
+- The stateful ALUs return what the program means: the stored value (``mem_lo``) where a RegisterAction
+  returns a half before updating it (bf-p4c 9.13.4 can silently pick the updated one, ``alu_lo``).
+
+They skip (conftest.py) where no Tofino compiler is found: ``bf-p4c`` from Intel's SDE, ``$BF_P4C``, or
+the open-source backend ``p4c-barefoot`` with the ``p4c`` driver next to it. A compile takes about half a
+minute on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import tofino_compiler
+from lhc_ina import constants as c
+
+REPO = Path(__file__).resolve().parent.parent
+TNA_P4 = REPO / "p4src" / "tna" / "lhc.p4"
+TOFINO1_STAGES = 12
+TOFINO1_SALUS_PER_STAGE = 4
+
+pytestmark = [pytest.mark.bf_p4c, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    compiler = tofino_compiler()
+    if compiler is None:
+        pytest.skip("needs a Tofino compiler")
+    out = tmp_path_factory.mktemp("bf_p4c")
+    proc = subprocess.run(
+        [
+            compiler, "--target", "tofino", "--arch", "tna", "-o", str(out),
+            "--p4runtime-files", str(out / "lhc.p4info.txtpb"), str(TNA_P4),
+        ],
+        capture_output=True, text=True, timeout=3600,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"bf-p4c failed:\n{output}"
+    return out, output
+
+
+def _stages(table: dict) -> list[int]:
+    attrs = table.get("match_attributes", {})
+    stage_tables = attrs.get("stage_tables", []) if isinstance(attrs, dict) else []
+    stage_tables = stage_tables or table.get("stage_tables", [])
+    return [t["stage_number"] for t in stage_tables]
+
+
+def test_compiles_without_warnings_and_assembles(compiled: tuple[Path, str]) -> None:
+    out, output = compiled
+    lines = [line for line in output.splitlines() if re.search(r"warning|error", line, re.I)]
+    assert not lines, "bf-p4c reported:\n" + output
+    for name in ("pipe/tofino.bin", "pipe/context.json", "bfrt.json", "lhc.p4info.txtpb"):
+        assert (out / name).stat().st_size > 0, name
+
+
+def test_placement_fits_tofino1(compiled: tuple[Path, str]) -> None:
+    out, _ = compiled
+    tables = {t["name"]: t for t in json.loads((out / "pipe" / "context.json").read_text())["tables"]}
+    stages = {name: _stages(t) for name, t in tables.items() if _stages(t)}
+    assert max(s for found in stages.values() for s in found) < TOFINO1_STAGES
+    # The slot state, then every value register pair: all lanes in the first pass.
+    assert stages["LhcIngress.bitmap_c0"] == stages["LhcIngress.bitmap_c1"] == [1]
+    assert stages["LhcIngress.count"] == [3]
+    pairs = [f"LhcIngress.values_{a}_{a + 1}" for a in range(0, c.LANES, 2)]
+    per_stage = Counter(s for name in pairs for s in stages[name])
+    assert sum(per_stage.values()) == len(pairs), "each pair register lives in one stage"
+    assert min(per_stage) > stages["LhcIngress.count"][0]
+    assert all(n <= TOFINO1_SALUS_PER_STAGE for n in per_stage.values()), per_stage
+    for a in range(0, c.LANES, 2):
+        assert stages[f"LhcIngress.update_{a}_{a + 1}"] == stages[f"LhcIngress.values_{a}_{a + 1}"]
+
+
+def test_stateful_alus_return_what_the_program_means(compiled: tuple[Path, str]) -> None:
+    out, _ = compiled
+    bfa = (out / "pipe" / "lhc.bfa").read_text()
+
+    def output(action: str) -> str:
+        """The output instruction of a RegisterAction (bf-p4c names it `<name>_<n>` or, where the name
+        ends in a number, `<name without it>`)."""
+        stem = re.sub(r"_\d+$", "", action)
+        name = rf"(?:{re.escape(action)}_\d+|{re.escape(stem)})"
+        body = re.search(rf"^\s+{name}:\n((?:\s+- .*\n)+)", bfa, re.M)
+        assert body, action
+        return re.search(r"- output (.*)", body.group(1)).group(1)
+
+    # Join returns the bitmap as found (0 after a lazy reset); count the count as found (0: first).
+    assert output("bitmap_c0_join").endswith("mem_lo")
+    assert output("bitmap_c1_join").endswith("mem_lo")
+    assert output("count_new").endswith("mem_lo")
+    assert output("count_peek").endswith("mem_lo")
+    for a in range(0, c.LANES, 2):
+        for kind in ("first", "add", "or"):
+            assert output(f"{kind}_{a}_{a + 1}").endswith("alu_lo"), (kind, a)  # the updated low half
+        assert output(f"hi_{a}_{a + 1}").endswith("mem_hi"), a
