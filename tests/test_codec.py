@@ -119,6 +119,30 @@ def test_forced_peeling_failure_is_still_exact(block):
     assert torch.equal(result.total, exact_sum(xs))
 
 
+@pytest.mark.parametrize("index", ["bitmap", "bloom"])
+def test_torch_code_alone_is_exact_where_the_kernels_are_not_built(monkeypatch, index):
+    # what a CUDA tensor or an install without a C compiler runs
+    import host_agent.codec.bits as bits
+    import host_agent.codec.peeling as peeling
+
+    calls = []
+
+    def spy(module, name):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a: calls.append(name) or real(*a))
+
+    monkeypatch.setattr(peeling, "native", None)
+    monkeypatch.setattr(bits, "native", None)
+    spy(peeling, "peel_parallel")
+    spy(bits, "set_bits_bytes")
+    xs = make_inputs(4, 5, 20_000, "random", 0.02)
+    result = aggregate_local(xs, mode="sketch", index=index)
+    assert result.stats["residue"] == 0 and result.stats["peel_rounds"] > 0
+    assert torch.equal(result.total, exact_sum(xs))
+    assert "peel_parallel" in calls
+    assert ("set_bits_bytes" in calls) == (index == "bitmap")
+
+
 def test_underestimated_size_falls_back_exactly():
     small = make_inputs(1, 4, 5000, "random", 0.001)
     state = aggregate_local(small, mode="sketch").state
