@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from host_agent.codec import CodecState, WorkerSession, aggregate_local, int_bound, reduce_words
 from host_agent.codec.arith import add_int32, wrap_int32
 from host_agent.codec.bits import nonzero_positions, pack_bits, set_bits_bytes, set_bits_native
-from host_agent.codec.index import bloom_fp_rate, choose_index, encode_index, query_index
+from host_agent.codec.index import (
+    bloom_fp_rate,
+    choose_index,
+    encode_index,
+    query_bloom_chunks,
+    query_bloom_native,
+    query_index,
+)
 from host_agent.codec.native import native_available
 from host_agent.codec.peeling import peel, peel_native, peel_parallel
 from host_agent.codec.quantize import dequantize, quantize
@@ -123,6 +130,7 @@ def test_forced_peeling_failure_is_still_exact(block):
 def test_torch_code_alone_is_exact_where_the_kernels_are_not_built(monkeypatch, index):
     # what a CUDA tensor or an install without a C compiler runs
     import host_agent.codec.bits as bits
+    import host_agent.codec.index as index_module
     import host_agent.codec.peeling as peeling
 
     calls = []
@@ -133,14 +141,17 @@ def test_torch_code_alone_is_exact_where_the_kernels_are_not_built(monkeypatch, 
 
     monkeypatch.setattr(peeling, "native", None)
     monkeypatch.setattr(bits, "native", None)
+    monkeypatch.setattr(index_module, "native", None)
     spy(peeling, "peel_parallel")
     spy(bits, "set_bits_bytes")
+    spy(index_module, "query_bloom_chunks")
     xs = make_inputs(4, 5, 20_000, "random", 0.02)
     result = aggregate_local(xs, mode="sketch", index=index)
     assert result.stats["residue"] == 0 and result.stats["peel_rounds"] > 0
     assert torch.equal(result.total, exact_sum(xs))
     assert "peel_parallel" in calls
     assert ("set_bits_bytes" in calls) == (index == "bitmap")
+    assert ("query_bloom_chunks" in calls) == (index == "bloom")
 
 
 def test_underestimated_size_falls_back_exactly():
@@ -341,6 +352,18 @@ def test_bloom_has_no_false_negatives_and_the_modelled_false_positive_rate():
     fp = found.numel() - items
     expected = bloom_fp_rate(items, spec.words, spec.k) * (n_items - items)
     assert 0.6 * expected - 10 <= fp <= 1.5 * expected + 10
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n_items=st.integers(1, 5000), held=st.integers(0, 300))
+def test_compiled_and_torch_bloom_queries_agree(seed, n_items, held):
+    g = torch.Generator().manual_seed(seed)
+    items = torch.randperm(n_items, generator=g)[: min(held, n_items)].sort().values
+    spec = choose_index(n_items, max(1, items.numel()), 4.0, seed=seed, kind="bloom")
+    words = encode_index(spec, items)
+    found = query_bloom_native(spec, words)
+    assert torch.equal(found, query_bloom_chunks(spec, words))
+    assert torch.isin(items, found).all()
 
 
 def test_index_choice_prefers_bitmap_when_dense_and_bloom_when_sparse():

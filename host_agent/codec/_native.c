@@ -1,6 +1,6 @@
 /*
- * The codec's two CPU kernels where torch's one-pass-per-operation model costs most: peeling an
- * aggregated sketch, and listing the set bits of an aggregated bitmap.
+ * The codec's CPU kernels, where torch's one-pass-per-operation model costs most: peeling an aggregated
+ * sketch, listing the set bits of an aggregated bitmap, and querying an aggregated Bloom filter.
  *
  * peel: sequential peeling of an aggregated partitioned Count Sketch.
  *
@@ -18,7 +18,10 @@
  * set_bits: the positions of the set bits of a word array (bits.set_bits), in one pass with ctz instead of
  * the eight torch passes over the set bits of the byte-table method.
  *
- * Interface (called from peeling.py and bits.py, which checks dtypes, shapes and contiguity of the tensors whose
+ * bloom_hits: every item's membership in a pattern-blocked Bloom filter (index.query_index), as a bit
+ * array; one hash, one load and one compare per item, where torch makes a pass over all items for each.
+ *
+ * Interface (called from peeling.py, bits.py and index.py, which checks dtypes, shapes and contiguity of the tensors whose
  * addresses it passes):
  *   peel(k, table_cells, (seed0, seed1, seed2), block, items, cells, values, peeled) -> rounds
  *     items   const int64[k]          the candidates' item numbers (distinct, < 2^32); their cells are
@@ -28,6 +31,10 @@
  *     peeled  uint8[k]                out: 1 where recovered (must arrive zeroed)
  *   popcount(words, n) -> number of set bits of uint32 words[n]
  *   set_bits(words, n, out, count)    out: int64[count], the sorted positions of the set bits
+ *   bloom_hits(n_items, words, n_words, seed, masks, n_masks, hits)
+ *     words   const uint32[n_words]   the aggregated filter; an item's word and pattern come from one hash
+ *     masks   const uint32[n_masks]   the patterns (n_masks a power of two), as index._patterns makes them
+ *     hits    uint32[ceil(n_items / 32)]   out: bit i set when item i may be held
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -256,15 +263,54 @@ static PyObject *py_set_bits(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static void bloom_hits(int64_t n_items, const uint32_t *words, int64_t n_words, uint32_t seed,
+                       const uint32_t *masks, uint32_t mask_bits, uint32_t *hits)
+{
+    for (int64_t base = 0; base < n_items; base += 32) {
+        const int64_t n = n_items - base < 32 ? n_items - base : 32;
+        uint32_t found = 0;
+        for (int64_t b = 0; b < n; b++) {
+            const uint32_t h = mix32((uint32_t)(base + b) ^ seed);
+            const uint32_t mask = masks[h & mask_bits];
+            const uint32_t word = words[((uint64_t)h * (uint64_t)n_words) >> 32];
+            found |= (uint32_t)((word & mask) == mask) << b;
+        }
+        hits[base / 32] = found;
+    }
+}
+
+static PyObject *py_bloom_hits(PyObject *self, PyObject *args)
+{
+    (void)self;
+    long long n_items, n_words, n_masks;
+    unsigned long seed;
+    unsigned long long words, masks, hits;
+    if (!PyArg_ParseTuple(args, "LKLkKLK", &n_items, &words, &n_words, &seed, &masks, &n_masks, &hits)) {
+        return NULL;
+    }
+    if (n_items < 0 || n_items > (1LL << 32) || n_words < 1 || n_words >= (1LL << 32) || n_masks < 1 ||
+        (n_masks & (n_masks - 1)) != 0) {
+        PyErr_Format(PyExc_ValueError, "bloom_hits: bad sizes n_items=%lld n_words=%lld n_masks=%lld", n_items,
+                     n_words, n_masks);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    bloom_hits(n_items, (const uint32_t *)(uintptr_t)words, n_words, (uint32_t)seed,
+               (const uint32_t *)(uintptr_t)masks, (uint32_t)(n_masks - 1), (uint32_t *)(uintptr_t)hits);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"peel", py_peel, METH_VARARGS, "Peel an aggregated sketch (see the comment at the top of _native.c)."},
     {"popcount", py_popcount, METH_VARARGS, "Number of set bits of uint32 words."},
     {"set_bits", py_set_bits, METH_VARARGS, "Sorted positions of the set bits of uint32 words."},
+    {"bloom_hits", py_bloom_hits, METH_VARARGS, "Bit array of the items a Bloom filter may hold."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_native", "The codec's compiled CPU kernels (peeling, set bits).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_native", "The codec's compiled CPU kernels (peeling, set bits, Bloom query).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__native(void)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from .bits import pack_bits, set_bits, words_from_positions
-from .hashing import hash_items, mix32, reduce_range
+from .hashing import MASK32, hash_items, mix32, reduce_range
+from .native import native
 
 PATTERN_BITS = 12
 _PATTERNS = 1 << PATTERN_BITS
@@ -166,6 +167,28 @@ def query_index(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
     if spec.kind == "bitmap":
         positions = set_bits(words)
         return positions[positions < spec.n_items] if positions.numel() else positions
+    if words.device.type == "cpu" and native is not None:
+        return query_bloom_native(spec, words)
+    return query_bloom_chunks(spec, words)
+
+
+def query_bloom_native(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
+    """The Bloom filter query by the compiled kernel (CPU only): a hit bit per item, then its set bits."""
+    if native is None:
+        raise RuntimeError("the compiled kernels are not built (reinstall with a C compiler)")
+    if words.dtype != torch.int32 or words.shape != (spec.words,) or words.device.type != "cpu":
+        raise ValueError(f"the aggregated filter must be {spec.words} int32 CPU words, not {words.dtype}"
+                         f" {tuple(words.shape)} on {words.device}")
+    words = words.contiguous()
+    masks, _ = _patterns(spec.seed, spec.k, words.device)
+    hits = torch.empty((spec.n_items + 31) // 32, dtype=torch.int32)
+    native.bloom_hits(spec.n_items, words.data_ptr(), spec.words, spec.seed & MASK32, masks.data_ptr(),
+                      masks.numel(), hits.data_ptr())
+    return set_bits(hits)
+
+
+def query_bloom_chunks(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
+    """The Bloom filter query in torch, in chunks of items, on any device."""
     masks, _ = _patterns(spec.seed, spec.k, words.device)
     found = []
     for start in range(0, spec.n_items, _QUERY_CHUNK):
