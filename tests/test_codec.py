@@ -435,3 +435,17 @@ def test_encoding_is_deterministic():
     b = WorkerSession(xs[0], 0, 3, expected_items=300).next_message()
     assert a is not None and b is not None and torch.equal(a.words, b.words)
     assert CodecState() == CodecState(0, None, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["sketch", "union", "dense"])
+@pytest.mark.parametrize("block", [1, 8])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32])
+def test_cuda_gives_the_cpu_result_bit_for_bit(mode, block, dtype):
+    xs = make_inputs(21, 6, 50_001, "random", 0.03, dtype=dtype)
+    cpu = aggregate_local(xs, mode=mode, block=block)
+    cuda = aggregate_local([x.cuda() for x in xs], mode=mode, block=block)
+    assert cuda.total.is_cuda
+    assert torch.equal(cuda.total.cpu(), cpu.total)
+    for key in ("bytes_per_worker", "rounds", "candidates", "residue", "scale"):
+        assert cuda.stats[key] == cpu.stats[key], key
