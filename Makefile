@@ -16,10 +16,15 @@ PYTEST_ARGS ?=
 
 venv: $(INSTALLED)
 
+# The codec's C kernels are an optional extension: a failed build would leave an older one in place, so
+# it is removed first and a missing one is reported (tests/test_codec.py then fails on it too).
 $(INSTALLED): pyproject.toml setup.py host_agent/codec/_native.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	rm -f host_agent/codec/_native.*.so
 	$(PY) -m pip install -q -e '.[dev]'
+	@ls host_agent/codec/_native.*.so >/dev/null 2>&1 || echo "warning: the codec's C kernels did not build" \
+		"(no C compiler or Python headers?); the codec runs its torch code"
 	touch $@
 
 demo: venv

@@ -9,7 +9,8 @@
  * done with one work queue and every touch of a cell in one place: a cell's candidate count, the XOR of
  * its candidates' numbers and its block of values sit side by side in one record, so updating a cell is
  * one cache miss instead of three. The cells are hashed here from the item numbers (no table of cell ids
- * to read), and every loop prefetches the records it will touch a few steps later.
+ * to read), and the loops work in groups of GROUP: first fetch every record the group will touch, then
+ * update them, so that the group's cache misses overlap.
  *
  * It peels the same candidates and recovers the same values as the parallel rounds, and reports the same
  * number of rounds: the queue is processed level by level, and level r holds exactly the cells that the
@@ -46,7 +47,7 @@
 #include <string.h>
 
 #define TABLES 3
-#define AHEAD 16 /* how many steps ahead the loops fetch the cells they will touch */
+#define GROUP 16 /* items or queue entries whose cache misses are overlapped by prefetching */
 
 /* A cell record: count, XOR of candidate positions, XOR of their item numbers, then `block` value
  * lanes. For block 1 a record is 16 bytes: every touch of a cell is one cache line. */
@@ -78,19 +79,6 @@ static inline int64_t cell_of(const struct geometry *g, int t, uint32_t item)
     return t * g->table_cells + (int64_t)((h * (uint64_t)g->table_cells) >> 32);
 }
 
-/* Start fetching the three cells of the candidate alone in cell record `pure` (if it still is), and its
- * output row. */
-static inline void prefetch_candidate(const struct geometry *g, const uint32_t *rec, const uint32_t *pure,
-                                      const int32_t *values, int64_t block)
-{
-    if (pure[REC_COUNT] == 1) {
-        for (int t = 0; t < TABLES; t++) {
-            __builtin_prefetch(rec + cell_of(g, t, pure[REC_ITEM]) * g->stride, 1);
-        }
-        __builtin_prefetch(values + (int64_t)pure[REC_WHO] * block, 1);
-    }
-}
-
 static int64_t peel_sketch(int64_t k, const struct geometry *g, int64_t block, const int64_t *items,
                            const int32_t *cells, int32_t *values, uint8_t *peeled)
 {
@@ -109,69 +97,111 @@ static int64_t peel_sketch(int64_t k, const struct geometry *g, int64_t block, c
         r[REC_ITEM] = 0;
         memcpy(r + REC_LANES, cells + c * block, (size_t)block * sizeof(uint32_t));
     }
-    /* Every access below is a cache miss into a table larger than the caches, so each loop fetches what
-     * it will need AHEAD steps later (hashing twice is far cheaper than waiting). */
-    for (int64_t i = 0; i < k; i++) {
-        if (i + AHEAD < k) {
+    for (int64_t i0 = 0; i0 < k; i0 += GROUP) {
+        const int64_t n = k - i0 < GROUP ? k - i0 : GROUP;
+        int64_t at[GROUP][TABLES];
+        for (int64_t j = 0; j < n; j++) {
             for (int t = 0; t < TABLES; t++) {
-                __builtin_prefetch(rec + cell_of(g, t, (uint32_t)items[i + AHEAD]) * stride, 1);
+                at[j][t] = cell_of(g, t, (uint32_t)items[i0 + j]);
+                __builtin_prefetch(rec + at[j][t] * stride, 1);
             }
         }
-        for (int t = 0; t < TABLES; t++) {
-            uint32_t *r = rec + cell_of(g, t, (uint32_t)items[i]) * stride;
-            r[REC_COUNT] += 1;
-            r[REC_WHO] ^= (uint32_t)i;
-            r[REC_ITEM] ^= (uint32_t)items[i];
+        for (int64_t j = 0; j < n; j++) {
+            for (int t = 0; t < TABLES; t++) {
+                uint32_t *r = rec + at[j][t] * stride;
+                r[REC_COUNT] += 1;
+                r[REC_WHO] ^= (uint32_t)(i0 + j);
+                r[REC_ITEM] ^= (uint32_t)items[i0 + j];
+            }
         }
     }
-    /* Each cell enters the queue at most once: when its count is 1 at the start, or when it falls to 1. */
     int64_t tail = 0;
     for (int64_t c = 0; c < m; c++) {
         if (rec[c * stride + REC_COUNT] == 1) {
             queue[tail++] = (uint32_t)c;
         }
     }
-    int64_t rounds = 0, level_end = tail;
-    int peeled_any = 0;
-    for (int64_t head = 0; head < tail; head++) {
-        if (head == level_end) { /* a round of the parallel decoder ends here */
-            rounds += peeled_any;
-            peeled_any = 0;
-            level_end = tail;
-        }
-        if (head + 2 * AHEAD < tail) {
-            __builtin_prefetch(rec + (int64_t)queue[head + 2 * AHEAD] * stride);
-        }
-        if (head + AHEAD < tail) {
-            prefetch_candidate(g, rec, rec + (int64_t)queue[head + AHEAD] * stride, values, block);
-        }
-        const uint32_t *pure = rec + (int64_t)queue[head] * stride;
-        if (pure[REC_COUNT] != 1) {
-            continue; /* its candidate was peeled through another cell since */
-        }
-        const int64_t who = pure[REC_WHO];
-        const uint32_t item = pure[REC_ITEM];
-        int32_t *out = values + who * block;
-        memcpy(out, pure + REC_LANES, (size_t)block * sizeof(uint32_t));
-        peeled[who] = 1;
-        peeled_any = 1;
-        for (int t = 0; t < TABLES; t++) {
-            const int64_t c = cell_of(g, t, item);
-            uint32_t *r = rec + c * stride;
-            r[REC_COUNT] -= 1;
-            r[REC_WHO] ^= (uint32_t)who;
-            r[REC_ITEM] ^= item;
-            for (int64_t l = 0; l < block; l++) {
-                r[REC_LANES + l] -= (uint32_t)out[l];
+    int64_t head = 0, rounds = 0;
+    int64_t where[GROUP][TABLES];
+    while (head < tail) {
+        const int64_t level_end = tail;
+        int peeled_any = 0;
+        while (head < level_end) {
+            const int64_t n = level_end - head < GROUP ? level_end - head : GROUP;
+            /* Three passes over a group: fetch the pure cells, hash their candidates and fetch the cells
+             * those touch, then update. Only the last pass decides anything, from fresh counts. */
+            for (int64_t j = 0; j < n; j++) {
+                __builtin_prefetch(rec + (int64_t)queue[head + j] * stride);
             }
-            if (r[REC_COUNT] == 1) {
-                queue[tail++] = (uint32_t)c;
+            for (int64_t j = 0; j < n; j++) {
+                const uint32_t *pure = rec + (int64_t)queue[head + j] * stride;
+                if (pure[REC_COUNT] != 1) {
+                    continue;
+                }
+                for (int t = 0; t < TABLES; t++) {
+                    where[j][t] = cell_of(g, t, pure[REC_ITEM]);
+                    __builtin_prefetch(rec + where[j][t] * stride, 1);
+                }
+                __builtin_prefetch(values + (int64_t)pure[REC_WHO] * block, 1);
             }
+            for (int64_t j = 0; j < n; j++) {
+                const uint32_t *pure = rec + (int64_t)queue[head + j] * stride;
+                if (pure[REC_COUNT] != 1) {
+                    continue; /* its candidate was peeled through another cell since */
+                }
+                const int64_t who = pure[REC_WHO];
+                const uint32_t item = pure[REC_ITEM];
+                int32_t *out = values + who * block;
+                memcpy(out, pure + REC_LANES, (size_t)block * sizeof(uint32_t));
+                peeled[who] = 1;
+                peeled_any = 1;
+                for (int t = 0; t < TABLES; t++) {
+                    uint32_t *r = rec + where[j][t] * stride;
+                    r[REC_COUNT] -= 1;
+                    r[REC_WHO] ^= (uint32_t)who;
+                    r[REC_ITEM] ^= item;
+                    for (int64_t l = 0; l < block; l++) {
+                        r[REC_LANES + l] -= (uint32_t)out[l];
+                    }
+                    if (r[REC_COUNT] == 1) {
+                        queue[tail++] = (uint32_t)where[j][t];
+                    }
+                }
+            }
+            head += n;
         }
+        rounds += peeled_any;
     }
     free(rec);
     free(queue);
-    return rounds + peeled_any;
+    return rounds;
+}
+
+static PyObject *py_peel(PyObject *self, PyObject *args)
+{
+    (void)self;
+    long long k, table_cells, block;
+    unsigned long s0, s1, s2;
+    unsigned long long items, cells, values, peeled;
+    if (!PyArg_ParseTuple(args, "LL(kkk)LKKKK", &k, &table_cells, &s0, &s1, &s2, &block, &items, &cells,
+                          &values, &peeled)) {
+        return NULL;
+    }
+    if (k < 0 || table_cells < 1 || table_cells >= (1LL << 31) / TABLES || block < 1 || k >= (1LL << 32)) {
+        PyErr_Format(PyExc_ValueError, "peel: bad sizes k=%lld table_cells=%lld block=%lld", k, table_cells,
+                     block);
+        return NULL;
+    }
+    const struct geometry g = {table_cells, REC_LANES + block, {(uint32_t)s0, (uint32_t)s1, (uint32_t)s2}};
+    int64_t rounds;
+    Py_BEGIN_ALLOW_THREADS
+    rounds = peel_sketch(k, &g, block, (const int64_t *)(uintptr_t)items, (const int32_t *)(uintptr_t)cells,
+                         (int32_t *)(uintptr_t)values, (uint8_t *)(uintptr_t)peeled);
+    Py_END_ALLOW_THREADS
+    if (rounds < 0) {
+        return PyErr_NoMemory();
+    }
+    return PyLong_FromLongLong(rounds);
 }
 
 static int64_t popcount_words(const uint32_t *words, int64_t n)
