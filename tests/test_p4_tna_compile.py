@@ -6,6 +6,7 @@
   (count), the value register pairs four per stage after it.
 - The stateful ALUs return what the program means: the stored value (``mem_lo``) where a RegisterAction
   returns a half before updating it (bf-p4c 9.13.4 can silently pick the updated one, ``alu_lo``).
+- The ingress parser keeps its selects (a compiler without p4lang/p4c#5753 silently drops them).
 
 They skip (conftest.py) where no Tofino compiler is found: ``bf-p4c`` from Intel's SDE, ``$BF_P4C``, or
 the open-source backend ``p4c-barefoot`` with the ``p4c`` driver next to it. A compile takes about half a
@@ -105,3 +106,17 @@ def test_stateful_alus_return_what_the_program_means(compiled: tuple[Path, str])
         for kind in ("first", "add", "or"):
             assert output(f"{kind}_{a}_{a + 1}").endswith("alu_lo"), (kind, a)  # the updated low half
         assert output(f"hi_{a}_{a + 1}").endswith("mem_hi"), a
+
+
+def test_ingress_parser_keeps_its_selects(compiled: tuple[Path, str]) -> None:
+    # p4c-barefoot before p4lang/p4c#5753 dropped every Tofino-1 parser match register without a
+    # warning: each state then took its first transition, and every packet parsed as a recirculated one.
+    out, _ = compiled
+    bfa = (out / "pipe" / "lhc.bfa").read_text()
+    parser = re.search(r"^parser ingress:\n((?:[ \t].*\n|\n)+)", bfa, re.M)
+    assert parser, "no ingress parser in the assembly"
+    body = parser.group(1)
+    # start (recirculation port?), ethernet, the IPv4 version byte, IPv4, UDP: one match each.
+    assert len(re.findall(r"^\s+match:", body, re.M)) >= 5, body
+    starts = [state for state in re.split(r"\n    (?=\S)", body) if "next: parse_recirc" in state]
+    assert starts and "next: parse_ethernet" in starts[0], "the start state must branch both ways"

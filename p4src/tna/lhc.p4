@@ -124,10 +124,17 @@ parser LhcIngressParser(packet_in packet,
         }
     }
 
+    // Only accepted lhc packets recirculate, and they keep their lhc port until the last pass: a
+    // recirculated packet is always a whole lhc frame, parsed without looking at it again.
     state parse_recirc {
         packet.extract(hdr.recirc);
         meta.later = 1;
-        transition parse_ethernet;
+        packet.extract(hdr.ethernet);
+        packet.extract(hdr.ipv4);
+        packet.extract(hdr.udp);
+        packet.extract(hdr.lhc);
+        packet.extract(hdr.payload);
+        transition accept;
     }
 
 #include "../shared/parser.p4"
@@ -409,9 +416,8 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         bit<32> addr = hdr.ipv4.src_addr;
         hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
         hdr.ipv4.dst_addr = addr;
-        bit<16> port = hdr.udp.src_port;
-        hdr.udp.src_port = hdr.udp.dst_port;
-        hdr.udp.dst_port = port;
+        // The UDP ports are swapped in the last pass (send_retransmission): until then the destination
+        // stays the lhc port, which the counter below and the parser of the later passes rely on.
         hdr.udp.checksum = 0;
         hdr.recirc.flags = LHC_RECIRC_RETX_LO;
         meta.stat = (bit<8>)LHC_STAT_RETX;
@@ -445,6 +451,9 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
     }
 
     action send_retransmission() {
+        bit<16> port = hdr.udp.src_port;
+        hdr.udp.src_port = hdr.udp.dst_port;
+        hdr.udp.dst_port = port;
         ig_tm_md.ucast_egress_port = hdr.recirc.sender_port;
         ig_tm_md.bypass_egress = 1;
         hdr.recirc.setInvalid();
@@ -536,6 +545,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                 send_retransmission();
             }
         }
+        // The lhc branch above, tested again: no first-pass action rewrites udp.dst_port.
         if (meta.later == 0 && hdr.udp.isValid()
                 && (hdr.udp.dst_port & LHC_UDP_PORT_MASK) == LHC_UDP_PORT_BASE) {
             lhc_stats.count(stats_index.get({meta.row, meta.stat[3:0]}));
