@@ -514,3 +514,17 @@ def test_tna_only_results_reach_egress(tna: P4Program) -> None:
     for name, body in re.findall(r"\baction\s+(\w+)\s*\([^)]*\)\s*\{([^}]*)\}", tna.controls["LhcIngress"]):
         if "ig_tm_md.ucast_egress_port =" in body:
             assert re.search(r"ig_tm_md\.bypass_egress = 1;", body), name
+
+
+def test_tna_later_passes_still_parse_as_lhc(tna: P4Program, tna_text: str) -> None:
+    """A recirculated packet is parsed as a whole lhc frame, and no first-pass action moves it off the lhc
+    UDP port: only the last pass of a retransmission swaps the ports (an earlier swap once left the later
+    passes without hdr.lhc, and the answer carried the asker's own payload, uncounted)."""
+    parser = tna_text[re.search(r"\bparser\s+LhcIngressParser\b", tna_text).start():]
+    recirc = _block(parser, re.search(r"\bstate\s+parse_recirc\s*\{", parser).end() - 1)
+    extracted = re.findall(r"packet\.extract\(hdr\.(\w+)\)", recirc)
+    assert extracted == ["recirc", "ethernet", "ipv4", "udp", "lhc", "payload"]
+    assert re.search(r"transition\s+accept\s*;", recirc)
+    actions = re.findall(r"\baction\s+(\w+)\s*\([^)]*\)\s*\{([^}]*)\}", tna.controls["LhcIngress"])
+    writers = {name for name, body in actions if re.search(r"hdr\.udp\.dst_port\s*=", body)}
+    assert writers == {"send_retransmission"}
