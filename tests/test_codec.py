@@ -429,6 +429,12 @@ def test_compiled_peeling_rejects_bad_tensors():
         set_bits_native(torch.zeros(4, dtype=torch.int64))
 
 
+def test_asking_for_missing_kernels_says_how_to_build_them(monkeypatch):
+    monkeypatch.setattr("host_agent.codec.native.native", None)
+    with pytest.raises(RuntimeError, match="C compiler"):
+        set_bits_native(torch.zeros(4, dtype=torch.int32))
+
+
 def test_encoding_is_deterministic():
     xs = make_inputs(9, 3, 5000, "random", 0.02)
     a = WorkerSession(xs[0], 0, 3, expected_items=300).next_message()

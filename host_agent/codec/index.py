@@ -24,7 +24,7 @@ import torch
 
 from .bits import pack_bits, set_bits, words_from_positions
 from .hashing import MASK32, hash_items, mix32, reduce_range
-from .native import native
+from .native import native, require_native
 
 PATTERN_BITS = 12
 _PATTERNS = 1 << PATTERN_BITS
@@ -174,15 +174,14 @@ def query_index(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
 
 def query_bloom_native(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
     """The Bloom filter query by the compiled kernel (CPU only): a hit bit per item, then its set bits."""
-    if native is None:
-        raise RuntimeError("the compiled kernels are not built (reinstall with a C compiler)")
+    kernels = require_native()
     if words.dtype != torch.int32 or words.shape != (spec.words,) or words.device.type != "cpu":
         raise ValueError(f"the aggregated filter must be {spec.words} int32 CPU words, not {words.dtype}"
                          f" {tuple(words.shape)} on {words.device}")
     words = words.contiguous()
     masks, _ = _patterns(spec.seed, spec.k, words.device)
     hits = torch.empty((spec.n_items + 31) // 32, dtype=torch.int32)
-    native.bloom_hits(spec.n_items, words.data_ptr(), spec.words, spec.seed & MASK32, masks.data_ptr(),
+    kernels.bloom_hits(spec.n_items, words.data_ptr(), spec.words, spec.seed & MASK32, masks.data_ptr(),
                       masks.numel(), hits.data_ptr())
     return set_bits(hits)
 

@@ -18,3 +18,13 @@ except ImportError:  # built without a C compiler
 def native_available() -> bool:
     """Whether setup.py built the kernels."""
     return native is not None
+
+
+def require_native() -> ModuleType:
+    """The kernels, for callers that asked for them by name; a RuntimeError that says how to build them."""
+    if native is None:
+        raise RuntimeError(
+            "the codec's compiled kernels are not built: reinstall (pip install -e .) where a C compiler"
+            " and the Python headers are present"
+        )
+    return native

@@ -31,7 +31,7 @@ import torch
 
 from .arith import wrap_int32
 from .hashing import derive_seed
-from .native import native
+from .native import native, require_native
 from .sketch import TABLES, SketchSpec, cell_ids
 
 
@@ -61,8 +61,7 @@ def peel(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> PeelResu
 
 def peel_native(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> PeelResult:
     """:func:`peel` by the compiled kernel (CPU tensors only); it hashes the items itself."""
-    if native is None:
-        raise RuntimeError("the compiled peeling kernel is not built (reinstall with a C compiler)")
+    kernels = require_native()
     k = items.numel()
     if items.dtype != torch.int64 or cells.dtype != torch.int32 or cells.shape != (spec.cells, spec.block):
         raise ValueError(
@@ -78,7 +77,7 @@ def peel_native(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> P
     values = torch.zeros((k, spec.block), dtype=torch.int32)
     peeled = torch.zeros(k, dtype=torch.bool)
     seeds = tuple(derive_seed(spec.seed, t) for t in range(TABLES))
-    rounds = native.peel(
+    rounds = kernels.peel(
         k, spec.table_cells, seeds, spec.block,
         items.data_ptr(), cells.data_ptr(), values.data_ptr(), peeled.data_ptr(),
     )
