@@ -32,6 +32,7 @@ from p4.v1 import p4runtime_pb2_grpc
 
 from lhc_ina import constants as c
 from lhc_ina.p4info import P4InfoIndex
+from lhc_ina.wire import FRAME_END, FRAME_LHC, FRAME_PAYLOAD, HEADER_OFFSETS, HEADER_SHIFTS
 from softswitch.cli import READY
 from softswitch.entities import Entities
 from softswitch.pipeline import Pipeline
@@ -39,6 +40,13 @@ from softswitch.testing import Job, Worker, data_frame, data_packet, job_updates
 
 _SEQ = struct.Struct("!I")
 _SLOT = struct.Struct("!H")
+_BYTE0_AT, _SLOT_AT, _SEQ_AT = (HEADER_OFFSETS[name] for name in ("msg_type", "slot", "seq"))
+
+
+def _byte0(ver: int) -> int:
+    """lhc byte 0 of a DATA ADD packet of copy ``ver`` (flags 0)."""
+    shift = HEADER_SHIFTS
+    return c.MsgType.DATA << shift["msg_type"] | c.Op.ADD << shift["op"] | ver << shift["ver"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,9 +141,9 @@ def _run_udp(workers: int, seconds: float, window: int, slots: int) -> dict[str,
             while now_ok and sent - completed < window:
                 slot, ver = sent % slots, (sent // slots) & 1
                 for packet in packets:
-                    packet[0] = (c.MsgType.DATA << 4) | (ver << 1)  # msg_type, op ADD, ver, flags
-                    _SLOT.pack_into(packet, 4, slot)
-                    _SEQ.pack_into(packet, 8, sent)
+                    packet[_BYTE0_AT] = _byte0(ver)
+                    _SLOT.pack_into(packet, _SLOT_AT, slot)
+                    _SEQ.pack_into(packet, _SEQ_AT, sent)
                     sendto(packet, target)
                 sent += 1
             if completed == sent:
@@ -146,7 +154,7 @@ def _run_udp(workers: int, seconds: float, window: int, slots: int) -> dict[str,
                 raise RuntimeError(f"results stopped arriving: {sent - completed} rounds lost") from None
             if buffer[c.HEADER_BYTES:size] != expected:
                 mismatched += 1
-            seq = _SEQ.unpack_from(buffer, 8)[0] & 0xFFFF
+            seq = _SEQ.unpack_from(buffer, _SEQ_AT)[0] & 0xFFFF
             copies[seq] += 1
             if copies[seq] == workers:
                 copies[seq] = 0
@@ -184,12 +192,12 @@ def _run_pipeline(workers: int, seconds: float, slots: int) -> dict[str, Any]:
             slot, ver = rounds % slots, (rounds // slots) & 1
             for frame in frames:
                 rx[: len(frame)] = frame
-                rx[42] = (c.MsgType.DATA << 4) | (ver << 1)
-                rx[46:48] = slot.to_bytes(2, "big")
+                rx[FRAME_LHC + _BYTE0_AT] = _byte0(ver)
+                _SLOT.pack_into(rx, FRAME_LHC + _SLOT_AT, slot)
                 process(len(frame), 1, emit)
             rounds += 1
     elapsed = time.perf_counter() - start
-    exact = bytes(pipeline.rx[58 : 58 + c.PAYLOAD_BYTES]) == expected
+    exact = bytes(pipeline.rx[FRAME_PAYLOAD:FRAME_END]) == expected
     return _result("pipeline", workers, rounds * workers, elapsed, rounds=rounds, result_copies=emitted[0],
                    exact=exact)
 

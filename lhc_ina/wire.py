@@ -202,6 +202,21 @@ def unpack_packet(buf: bytes | memoryview) -> tuple[LhcHeader, np.ndarray]:
 
 
 # --- Frames ----------------------------------------------------------------------------------------
+# Where each header and each field a switch reads or rewrites sits in a whole frame (Ethernet, IPv4
+# without options, UDP, lhc, payload): ints for single fields, slices for addresses and ports.
+FRAME_IPV4 = c.ETHERNET_BYTES
+FRAME_UDP = FRAME_IPV4 + c.IPV4_BYTES
+FRAME_LHC = FRAME_UDP + c.UDP_BYTES
+FRAME_PAYLOAD = FRAME_LHC + c.HEADER_BYTES
+FRAME_END = FRAME_PAYLOAD + c.PAYLOAD_BYTES
+ETH_DST, ETH_SRC, ETH_TYPE = slice(0, 6), slice(6, 12), 12
+IP_TOTAL_LEN, IP_FRAG, IP_TTL, IP_PROTO = FRAME_IPV4 + 2, FRAME_IPV4 + 6, FRAME_IPV4 + 8, FRAME_IPV4 + 9
+IP_CHECKSUM = FRAME_IPV4 + 10
+IP_SRC, IP_DST = slice(FRAME_IPV4 + 12, FRAME_IPV4 + 16), slice(FRAME_IPV4 + 16, FRAME_IPV4 + 20)
+UDP_SPORT, UDP_DPORT = slice(FRAME_UDP, FRAME_UDP + 2), slice(FRAME_UDP + 2, FRAME_UDP + 4)
+UDP_LEN, UDP_CHECKSUM = FRAME_UDP + 4, FRAME_UDP + 6
+
+
 def ipv4_checksum(header: bytes) -> int:
     """RFC 791 header checksum of an IPv4 header whose checksum field is zero."""
     total = sum(struct.unpack(f"!{len(header) // 2}H", header))

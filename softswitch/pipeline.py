@@ -24,7 +24,29 @@ from p4.config.v1 import p4info_pb2
 
 from lhc_ina import constants as c
 from lhc_ina.p4info import P4InfoIndex
-from lhc_ina.wire import HEADER_OFFSETS, HEADER_SHIFTS
+from lhc_ina.wire import (
+    ETH_DST,
+    ETH_SRC,
+    ETH_TYPE,
+    FRAME_END,
+    FRAME_IPV4,
+    FRAME_LHC,
+    FRAME_PAYLOAD,
+    FRAME_UDP,
+    HEADER_OFFSETS,
+    HEADER_SHIFTS,
+    IP_CHECKSUM,
+    IP_DST,
+    IP_FRAG,
+    IP_PROTO,
+    IP_SRC,
+    IP_TOTAL_LEN,
+    IP_TTL,
+    UDP_CHECKSUM,
+    UDP_DPORT,
+    UDP_LEN,
+    UDP_SPORT,
+)
 from softswitch.pre import MulticastGroups
 from softswitch.tables import ActionCall, ExactTable, LpmTable, Table
 
@@ -38,27 +60,16 @@ DROP_PORT = 511
 #: covers any Ethernet frame an AF_PACKET socket delivers.
 RX_BYTES = 65536 + 64
 
-# Offsets in the frame: the headers, then every field the pipeline reads or rewrites.
-_IPV4 = c.ETHERNET_BYTES
-_UDP = _IPV4 + c.IPV4_BYTES
-_LHC = _UDP + c.UDP_BYTES
-_PAYLOAD = _LHC + c.HEADER_BYTES
-_END = _PAYLOAD + c.PAYLOAD_BYTES
-_ETH_DST, _ETH_SRC, _ETH_TYPE = slice(0, 6), slice(6, 12), 12
-_IP_TOTAL_LEN, _IP_FRAG, _IP_TTL, _IP_PROTO = _IPV4 + 2, _IPV4 + 6, _IPV4 + 8, _IPV4 + 9
-_IP_SRC, _IP_DST = slice(_IPV4 + 12, _IPV4 + 16), slice(_IPV4 + 16, _IPV4 + 20)
-_UDP_SPORT, _UDP_DPORT = slice(_UDP, _UDP + 2), slice(_UDP + 2, _UDP + 4)
-_UDP_LEN, _UDP_CSUM = _UDP + 4, _UDP + 6
 # lhc byte 0 packs msg_type, op, ver and flags; positions from constants.HEADER_FIELDS.
-_BYTE0 = _LHC + HEADER_OFFSETS["msg_type"]
+_BYTE0 = FRAME_LHC + HEADER_OFFSETS["msg_type"]
 _WIDTHS = dict(c.HEADER_FIELDS)
 _TYPE_SHIFT, _OP_SHIFT, _VER_SHIFT, _FLAGS_SHIFT = (
     HEADER_SHIFTS[field] for field in ("msg_type", "op", "ver", "flags")
 )
 _OP_MASK, _FLAGS_MASK = (1 << _WIDTHS["op"]) - 1, (1 << _WIDTHS["flags"]) - 1
 _BYTE0_KEEP = (1 << _TYPE_SHIFT) - 1  # op, ver, flags travel into results; msg_type is rewritten
-_JOB_ID = _LHC + HEADER_OFFSETS["job_id"]
-_BITMAP = _LHC + HEADER_OFFSETS["bitmap"]
+_JOB_ID = FRAME_LHC + HEADER_OFFSETS["job_id"]
+_BITMAP = FRAME_LHC + HEADER_OFFSETS["bitmap"]
 assert all(HEADER_OFFSETS[f] == HEADER_OFFSETS["msg_type"] for f in ("op", "ver", "flags"))
 
 
@@ -77,12 +88,13 @@ def _reader(fields: list[tuple[int, str]]) -> struct.Struct:
 #: flags+frag_offset, protocol, src, dst, UDP src/dst port, length, lhc byte 0, worker_id, job_id, slot,
 #: epoch.
 _HEADERS = _reader([
-    (_ETH_TYPE, "H"), (_IPV4, "B"), (_IP_TOTAL_LEN, "H"), (_IP_FRAG, "H"), (_IP_PROTO, "B"),
-    (_IP_SRC.start, "I"), (_IP_DST.start, "I"), (_UDP_SPORT.start, "H"), (_UDP_DPORT.start, "H"),
-    (_UDP_LEN, "H"), (_BYTE0, "B"), (_LHC + HEADER_OFFSETS["worker_id"], "B"), (_JOB_ID, "H"),
-    (_LHC + HEADER_OFFSETS["slot"], "H"), (_LHC + HEADER_OFFSETS["epoch"], "H"),
+    (ETH_TYPE, "H"), (FRAME_IPV4, "B"), (IP_TOTAL_LEN, "H"), (IP_FRAG, "H"), (IP_PROTO, "B"),
+    (IP_SRC.start, "I"), (IP_DST.start, "I"), (UDP_SPORT.start, "H"), (UDP_DPORT.start, "H"),
+    (UDP_LEN, "H"), (_BYTE0, "B"), (FRAME_LHC + HEADER_OFFSETS["worker_id"], "B"), (_JOB_ID, "H"),
+    (FRAME_LHC + HEADER_OFFSETS["slot"], "H"), (FRAME_LHC + HEADER_OFFSETS["epoch"], "H"),
 ])
 _IPV4_WORDS = struct.Struct(f"!{c.IPV4_BYTES // 2}H")
+_IP_CHECKSUM_WORD = (IP_CHECKSUM - FRAME_IPV4) // 2
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 
@@ -239,7 +251,7 @@ class Pipeline:
 
         self.rx = bytearray(RX_BYTES)
         self.rxv = memoryview(self.rx)
-        self._payload = np.frombuffer(self.rx, ">u4", c.LANES, _PAYLOAD)
+        self._payload = np.frombuffer(self.rx, ">u4", c.LANES, FRAME_PAYLOAD)
         #: False until a pipeline config is committed: BMv2 without a program forwards nothing.
         self.configured = False
 
@@ -259,7 +271,7 @@ class Pipeline:
             return
         level, error = self._parse(length)
         rx = self.rx
-        if level >= _UDP_VALID and _U16.unpack_from(rx, _UDP_DPORT.start)[0] & _PORT_MASK == _PORT_BASE:
+        if level >= _UDP_VALID and _U16.unpack_from(rx, UDP_DPORT.start)[0] & _PORT_MASK == _PORT_BASE:
             self._lhc_ingress(length, ingress_port, level, error, emit)
         elif not error:
             self._forward_ingress(length, level, emit)
@@ -271,24 +283,24 @@ class Pipeline:
         rx = self.rx
         if length < c.ETHERNET_BYTES:
             return _NONE, True
-        if _U16.unpack_from(rx, _ETH_TYPE)[0] != c.ETHERTYPE_IPV4:  # parse_ethernet: not IPv4 -> accept
+        if _U16.unpack_from(rx, ETH_TYPE)[0] != c.ETHERTYPE_IPV4:  # parse_ethernet: not IPv4 -> accept
             return _ETHERNET, False
-        if length < _IPV4 + 1:  # parse_ipv4_check: lookahead<bit<8>> past the end
+        if length < FRAME_IPV4 + 1:  # parse_ipv4_check: lookahead<bit<8>> past the end
             return _ETHERNET, True
-        if rx[_IPV4] != 0x45:  # not version 4 with ihl 5 -> accept
+        if rx[FRAME_IPV4] != 0x45:  # not version 4 with ihl 5 -> accept
             return _ETHERNET, False
-        if length < _UDP:
+        if length < FRAME_UDP:
             return _ETHERNET, True
         # parse_ipv4: select (frag_offset, protocol); frag_offset is the low 13 bits of the flags word
-        if _U16.unpack_from(rx, _IP_FRAG)[0] & 0x1FFF or rx[_IP_PROTO] != c.IP_PROTO_UDP:
+        if _U16.unpack_from(rx, IP_FRAG)[0] & 0x1FFF or rx[IP_PROTO] != c.IP_PROTO_UDP:
             return _IPV4_VALID, False
-        if length < _LHC:
+        if length < FRAME_LHC:
             return _IPV4_VALID, True
-        if _U16.unpack_from(rx, _UDP_DPORT.start)[0] & _PORT_MASK != _PORT_BASE:  # parse_udp: not lhc
+        if _U16.unpack_from(rx, UDP_DPORT.start)[0] & _PORT_MASK != _PORT_BASE:  # parse_udp: not lhc
             return _UDP_VALID, False
-        if length < _PAYLOAD:  # parse_lhc: extract(hdr.lhc)
+        if length < FRAME_PAYLOAD:  # parse_lhc: extract(hdr.lhc)
             return _UDP_VALID, True
-        if length < _END:  # extract(hdr.payload)
+        if length < FRAME_END:  # extract(hdr.payload)
             return _LHC_VALID, True
         return _PAYLOAD_VALID, False
 
@@ -365,10 +377,10 @@ class Pipeline:
             self._payload[:] = row
             rx[_BYTE0] = (_RESULT_RETX_TYPE << _TYPE_SHIFT) | (byte0 & _BYTE0_KEEP)
             _U32.pack_into(rx, _BITMAP, bitmap)
-            rx[_ETH_DST], rx[_ETH_SRC] = rx[_ETH_SRC], rx[_ETH_DST]
-            rx[_IP_SRC], rx[_IP_DST] = rx[_IP_DST], rx[_IP_SRC]
-            rx[_UDP_SPORT], rx[_UDP_DPORT] = rx[_UDP_DPORT], rx[_UDP_SPORT]
-            _U16.pack_into(rx, _UDP_CSUM, 0)
+            rx[ETH_DST], rx[ETH_SRC] = rx[ETH_SRC], rx[ETH_DST]
+            rx[IP_SRC], rx[IP_DST] = rx[IP_DST], rx[IP_SRC]
+            rx[UDP_SPORT], rx[UDP_DPORT] = rx[UDP_DPORT], rx[UDP_SPORT]
+            _U16.pack_into(rx, UDP_CHECKSUM, 0)
             return _RETX
         other = cell ^ 1  # SLOT_COPIES == 2: the other shadow copy of the slot
         bitmaps[other] = bitmaps[other] & ~worker_bit & 0xFFFFFFFF
@@ -392,10 +404,10 @@ class Pipeline:
         # The last contribution: the packet becomes the result, sourced from the switch's address.
         rx[_BYTE0] = (_RESULT_TYPE << _TYPE_SHIFT) | (byte0 & _BYTE0_KEEP)
         _U32.pack_into(rx, _BITMAP, bitmap)
-        rx[_ETH_SRC] = rx[_ETH_DST]
-        rx[_IP_SRC] = rx[_IP_DST]
-        rx[_UDP_SPORT] = rx[_UDP_DPORT]
-        _U16.pack_into(rx, _UDP_CSUM, 0)
+        rx[ETH_SRC] = rx[ETH_DST]
+        rx[IP_SRC] = rx[IP_DST]
+        rx[UDP_SPORT] = rx[UDP_DPORT]
+        _U16.pack_into(rx, UDP_CHECKSUM, 0)
         return _RESULT
 
     # --- LhcIngress: everything else ---------------------------------------------------------------
@@ -404,19 +416,19 @@ class Pipeline:
         l2_forward. Defaults drop. No counters."""
         rx = self.rx
         if level >= _IPV4_VALID:
-            ttl = rx[_IP_TTL]
+            ttl = rx[IP_TTL]
             if ttl <= 1:
                 return
-            dst = _U32.unpack_from(rx, _IP_DST.start)[0]
+            dst = _U32.unpack_from(rx, IP_DST.start)[0]
             action = self.ipv4_routes.lookup(dst) or self.ipv4_routes.default
             if action[0] != ROUTE:
                 return
             _, port, src_mac, dst_mac = action
-            rx[_ETH_DST] = dst_mac.to_bytes(6, "big")
-            rx[_ETH_SRC] = src_mac.to_bytes(6, "big")
-            rx[_IP_TTL] = ttl - 1
+            rx[ETH_DST] = dst_mac.to_bytes(6, "big")
+            rx[ETH_SRC] = src_mac.to_bytes(6, "big")
+            rx[IP_TTL] = ttl - 1
         else:
-            dst_mac = int.from_bytes(rx[_ETH_DST], "big")
+            dst_mac = int.from_bytes(rx[ETH_DST], "big")
             action = self.l2_forward.entries.get(dst_mac) or self.l2_forward.default
             if action[0] != SET_PORT:
                 return
@@ -449,15 +461,16 @@ class Pipeline:
             if action[0] != SET_REPLICA_DST:
                 return
             _, dst_mac, dst_addr, dst_port = action
-            rx[_ETH_DST] = dst_mac.to_bytes(6, "big")
-            _U32.pack_into(rx, 30, dst_addr)
-            _U16.pack_into(rx, 36, dst_port)
-        if _U16.unpack_from(rx, _ETH_TYPE)[0] == c.ETHERTYPE_IPV4 and rx[_IPV4] == 0x45 and length >= _UDP:
-            words = _IPV4_WORDS.unpack_from(rx, _IPV4)
-            total = sum(words) - words[5]
+            rx[ETH_DST] = dst_mac.to_bytes(6, "big")
+            _U32.pack_into(rx, IP_DST.start, dst_addr)
+            _U16.pack_into(rx, UDP_DPORT.start, dst_port)
+        ipv4 = _U16.unpack_from(rx, ETH_TYPE)[0] == c.ETHERTYPE_IPV4 and rx[FRAME_IPV4] == 0x45
+        if ipv4 and length >= FRAME_UDP:
+            words = _IPV4_WORDS.unpack_from(rx, FRAME_IPV4)
+            total = sum(words) - words[_IP_CHECKSUM_WORD]
             total = (total & 0xFFFF) + (total >> 16)
             total = (total & 0xFFFF) + (total >> 16)
-            _U16.pack_into(rx, 24, ~total & 0xFFFF)
+            _U16.pack_into(rx, IP_CHECKSUM, ~total & 0xFFFF)
         emit(port, self.rxv[:length])
 
     # --- helpers for tests and tools ---------------------------------------------------------------

@@ -27,10 +27,25 @@ import struct
 from dataclasses import dataclass
 
 from lhc_ina import constants as c
+from lhc_ina.wire import (
+    ETH_SRC,
+    ETH_TYPE,
+    FRAME_IPV4,
+    FRAME_LHC,
+    FRAME_UDP,
+    IP_CHECKSUM,
+    IP_DST,
+    IP_PROTO,
+    IP_SRC,
+    IP_TOTAL_LEN,
+    UDP_DPORT,
+    UDP_LEN,
+    UDP_SPORT,
+    build_frame,
+)
 
 log = logging.getLogger(__name__)
 
-_HEADERS = c.ETHERNET_BYTES + c.IPV4_BYTES + c.UDP_BYTES
 _ETH_P_ALL = 0x0003
 _PACKET_OUTGOING = 4
 _PACKET_ADD_MEMBERSHIP = 1
@@ -128,12 +143,13 @@ class UdpPort:
         self.address = self.sock.getsockname()
         self.spec = PortSpec(spec.number, host=spec.host, udp_port=self.address[1])  # port 0: the one bound
         self._rx = rx
-        self._into = memoryview(rx)[_HEADERS:]
+        self._into = memoryview(rx)[FRAME_LHC:]
         local = socket.inet_aton(self.address[0])
         self._template = self._frame_template(local, self.address[1])
         # Sum of the IPv4 header's 16-bit words that never change (everything but src, total_len, csum).
-        words = struct.unpack("!10H", self._template[14:34])
-        self._fixed_sum = sum(words) - words[1] - words[5] - words[6] - words[7]
+        words = struct.unpack(f"!{c.IPV4_BYTES // 2}H", self._template[FRAME_IPV4:FRAME_UDP])
+        changing = (IP_TOTAL_LEN, IP_CHECKSUM, IP_SRC.start, IP_SRC.start + 2)
+        self._fixed_sum = sum(words) - sum(words[(at - FRAME_IPV4) // 2] for at in changing)
         self._sources: dict[str, tuple[bytes, int]] = {}
         self._names: dict[bytes, str] = {}
         self.dropped_non_udp = 0
@@ -141,9 +157,17 @@ class UdpPort:
 
     @staticmethod
     def _frame_template(local: bytes, udp_port: int) -> bytes:
-        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 0, 0, 0x4000, 64, c.IP_PROTO_UDP, 0, bytes(4), local)
-        eth = b"\x02\x00" + local + b"\x02\x00" + bytes(4) + struct.pack("!H", c.ETHERTYPE_IPV4)
-        return eth + ip + struct.pack("!HHHH", 0, udp_port, 0, 0)
+        """The headers every received datagram gets: to this port's address, from one filled in per
+        datagram (source address and port, lengths and checksum are rewritten in ``receive``)."""
+        return build_frame(
+            b"",
+            src_mac="02:00:00:00:00:00",
+            dst_mac=":".join(f"{b:02x}" for b in b"\x02\x00" + local),
+            src_ip="0.0.0.0",
+            dst_ip=socket.inet_ntoa(local),
+            src_port=0,
+            dst_port=udp_port,
+        )
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -162,34 +186,34 @@ class UdpPort:
             source = self._sources[host] = (raw, (raw[0] << 8 | raw[1]) + (raw[2] << 8 | raw[3]))
         raw, src_sum = source
         rx = self._rx
-        rx[0:_HEADERS] = self._template
-        rx[8:12] = raw
-        rx[26:30] = raw
+        rx[0:FRAME_LHC] = self._template
+        rx[ETH_SRC.start + 2 : ETH_SRC.stop] = raw
+        rx[IP_SRC] = raw
         total_len = c.IPV4_BYTES + c.UDP_BYTES + size
         total = self._fixed_sum + src_sum + total_len
         total = (total & 0xFFFF) + (total >> 16)
         total = (total & 0xFFFF) + (total >> 16)
-        _U16.pack_into(rx, 16, total_len)
-        _U16.pack_into(rx, 24, ~total & 0xFFFF)
-        _U16.pack_into(rx, 34, sport)
-        _U16.pack_into(rx, 38, c.UDP_BYTES + size)
-        return _HEADERS + size
+        _U16.pack_into(rx, IP_TOTAL_LEN, total_len)
+        _U16.pack_into(rx, IP_CHECKSUM, ~total & 0xFFFF)
+        _U16.pack_into(rx, UDP_SPORT.start, sport)
+        _U16.pack_into(rx, UDP_LEN, c.UDP_BYTES + size)
+        return FRAME_LHC + size
 
     def send(self, frame: memoryview) -> None:
         """A frame leaving this port: its UDP payload goes to (ipv4.dst, udp.dst)."""
-        if len(frame) < _HEADERS or frame[12] != 0x08 or frame[13] != 0 or frame[14] != 0x45 \
-                or frame[23] != c.IP_PROTO_UDP:
+        if len(frame) < FRAME_LHC or _U16.unpack_from(frame, ETH_TYPE)[0] != c.ETHERTYPE_IPV4 \
+                or frame[FRAME_IPV4] != 0x45 or frame[IP_PROTO] != c.IP_PROTO_UDP:
             self.dropped_non_udp += 1
             log.debug("port %d: dropped a frame that is not IPv4/UDP (UDP ports carry only UDP)", self.number)
             return
-        raw = bytes(frame[30:34])
+        raw = bytes(frame[IP_DST])
         host = self._names.get(raw)
         if host is None:
             if len(self._names) > 4096:
                 self._names.clear()
             host = self._names[raw] = socket.inet_ntoa(raw)
         try:
-            self.sock.sendto(frame[_HEADERS:], (host, frame[36] << 8 | frame[37]))
+            self.sock.sendto(frame[FRAME_LHC:], (host, _U16.unpack_from(frame, UDP_DPORT.start)[0]))
         except OSError as exc:  # a full socket buffer or an unreachable address: the frame is lost
             self.send_errors += 1
             log.debug("port %d: send to %s failed: %s", self.number, host, exc)

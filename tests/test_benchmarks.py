@@ -39,3 +39,5 @@ def test_switch_benchmark_reports_rates(capsys):
     assert main(["switch", "--case", "pipeline", "--seconds", "0.2", "--json"]) == 0
     (case,) = _json_lines(capsys.readouterr().out)
     assert case["packets_per_s"] > 0
+    assert case["exact"] is True, "every result copy must carry the workers' sum"
+    assert case["result_copies"] == case["rounds"] * case["workers"]

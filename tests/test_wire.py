@@ -93,3 +93,28 @@ def test_wrong_sizes_are_named(size: int) -> None:
 def test_out_of_range_field_is_refused() -> None:
     with pytest.raises(ValueError, match="worker_id=256 does not fit in 8 bits"):
         wire.LhcHeader(worker_id=256)
+
+
+def test_frame_offsets_locate_every_field_build_frame_writes() -> None:
+    header = wire.LhcHeader(msg_type=1, op=1, ver=1, flags=0, worker_id=7, job_id=300, slot=9, epoch=5,
+                            seq=77, bitmap=3)
+    lhc = wire.pack_packet(header, np.arange(c.LANES, dtype=np.uint32))
+    frame = wire.build_frame(
+        lhc, src_mac="02:00:00:00:00:01", dst_mac="02:00:00:00:00:02", src_ip="10.0.0.1",
+        dst_ip="10.0.0.2", src_port=40001, dst_port=c.UDP_PORT_BASE + 3, ttl=17,
+    )
+    assert len(frame) == wire.FRAME_END == c.FRAME_BYTES
+    assert frame[wire.ETH_DST] == wire.mac_bytes("02:00:00:00:00:02")
+    assert frame[wire.ETH_SRC] == wire.mac_bytes("02:00:00:00:00:01")
+    assert int.from_bytes(frame[wire.ETH_TYPE : wire.ETH_TYPE + 2], "big") == c.ETHERTYPE_IPV4
+    assert int.from_bytes(frame[wire.IP_TOTAL_LEN : wire.IP_TOTAL_LEN + 2], "big") == c.IPV4_TOTAL_LENGTH
+    assert frame[wire.IP_TTL] == 17 and frame[wire.IP_PROTO] == c.IP_PROTO_UDP
+    ip = frame[wire.FRAME_IPV4 : wire.FRAME_UDP]
+    checksum = int.from_bytes(frame[wire.IP_CHECKSUM : wire.IP_CHECKSUM + 2], "big")
+    assert wire.ipv4_checksum(ip[:10] + b"\0\0" + ip[12:]) == checksum
+    assert frame[wire.IP_SRC] == wire.ip_bytes("10.0.0.1") and frame[wire.IP_DST] == wire.ip_bytes("10.0.0.2")
+    assert int.from_bytes(frame[wire.UDP_SPORT], "big") == 40001
+    assert int.from_bytes(frame[wire.UDP_DPORT], "big") == c.UDP_PORT_BASE + 3
+    assert int.from_bytes(frame[wire.UDP_LEN : wire.UDP_LEN + 2], "big") == c.UDP_LENGTH
+    assert frame[wire.UDP_CHECKSUM : wire.UDP_CHECKSUM + 2] == b"\0\0"
+    assert frame[wire.FRAME_LHC : wire.FRAME_END] == lhc
