@@ -1,0 +1,44 @@
+"""What carries codec messages between workers: the switch, a torch.distributed group, or memory.
+
+Every backend reduces one message's int32 words across the job's workers, ADD as a sum mod 2^32 and OR
+as a bitwise or, and hands the same words back to every worker. The agent calls :meth:`Backend.reduce`
+in the same order with the same op and length on every worker (the codec guarantees the lengths agree);
+a backend may keep several reductions in flight and completes each future with the reduced words, or
+with an :class:`~host_agent.errors.AggregationError`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from lhc_ina.constants import Op
+
+
+@dataclass(frozen=True)
+class LinkEstimate:
+    """What mode ``auto`` weighs bytes against: a round trip and a rate, as the backend measured them."""
+
+    rtt_s: float
+    bytes_per_s: float
+
+
+class Backend(ABC):
+    """Reduces codec messages across ``world_size`` workers; this process is ``rank``."""
+
+    rank: int
+    world_size: int
+
+    @abstractmethod
+    def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
+        """Start reducing ``words`` (1-D int32) with ``op``; the future holds the reduced words."""
+
+    def link_estimate(self) -> LinkEstimate | None:
+        """The measured round trip and rate, or None before anything was measured."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - a backend with nothing to release need not override it
+        """Release sockets, threads and memberships."""

@@ -1,0 +1,204 @@
+"""A job as the switch holds it, and the one validated function that turns it into table entries.
+
+The data plane trusts its tables (docs/switch.md, "Admission invariants"): a `worker_bit` of 0, a `fan_in`
+of 0, a multicast group 0, a job index past the counter or a slot range past the registers all make the
+switch misbehave without a word. Every job model in the tree (the controller, the PTF suite, softswitch's
+test helpers) therefore goes through :func:`job_entries`, which rejects such a job with an error that names
+the broken invariant, and describes the entries by P4Info names so that each caller turns them into its
+own messages.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+
+from lhc_ina import constants as c
+
+JOBS_TABLE = "LhcIngress.jobs"
+WORKERS_TABLE = "LhcIngress.workers"
+REPLICAS_TABLE = "LhcEgress.replicas"
+SET_JOB = "LhcIngress.set_job"
+ADMIT_WORKER = "LhcIngress.admit_worker"
+SET_REPLICA_DST = "LhcEgress.set_replica_dst"
+
+#: Widths of the action parameters the checks below guard (docs/switch.md, "Names").
+_EPOCH_BITS = 16
+_JOB_ID_BITS = 16
+_MCAST_GRP_BITS = 16
+_PORT_BITS = 9
+#: v1model's drop port (511 for 9-bit ports): a replica there is never delivered.
+DROP_PORT = (1 << _PORT_BITS) - 1
+_MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+
+
+class InvalidJob(ValueError):
+    """A job that breaks an admission invariant; the message names the job and the invariant."""
+
+
+@dataclass(frozen=True)
+class WorkerEndpoint:
+    """Where one rank of a job lives on the data plane."""
+
+    rank: int
+    ip: str
+    udp_port: int
+    mac: str
+    switch_port: int
+
+    @property
+    def bit(self) -> int:
+        return 1 << self.rank
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """What admission decided for one job: ids, its slot range, its epoch, its group and its workers.
+
+    ``fan_in`` defaults to the number of workers; a smaller value (tests only) completes a round with the
+    first ``fan_in`` distinct contributors.
+    """
+
+    job_id: int
+    job_index: int
+    slot_base: int
+    slot_count: int
+    epoch: int
+    mcast_grp: int
+    workers: tuple[WorkerEndpoint, ...]
+    fan_in: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.fan_in or len(self.workers)
+
+    @property
+    def full_mask(self) -> int:
+        return sum(w.bit for w in self.workers)
+
+
+@dataclass(frozen=True)
+class TableEntrySpec:
+    """One table entry by P4Info names. Hashable: desired and actual state compare as sets."""
+
+    table: str
+    match: tuple[tuple[str, int], ...]
+    action: str
+    params: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class MulticastGroupSpec:
+    """A PRE multicast group: replicas as (egress_port, instance = rank), in rank order."""
+
+    group_id: int
+    replicas: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class JobEntries:
+    """Everything the switch needs for one job: the `jobs` entry, one `workers` and one `replicas` entry
+    per rank, and the multicast group."""
+
+    tables: tuple[TableEntrySpec, ...]
+    group: MulticastGroupSpec
+
+
+def ip_to_int(address: str) -> int:
+    return int(ipaddress.IPv4Address(address))
+
+
+def mac_to_int(mac: str) -> int:
+    return int(mac.replace(":", ""), 16)
+
+
+def _require(condition: bool, job: JobLayout, message: str) -> None:
+    if not condition:
+        raise InvalidJob(f"job {job.job_id}: {message}")
+
+
+def _check_worker(job: JobLayout, worker: WorkerEndpoint) -> None:
+    who = f"rank {worker.rank}"
+    try:
+        ipaddress.IPv4Address(worker.ip)
+    except ValueError:
+        raise InvalidJob(f"job {job.job_id}: {who}: {worker.ip!r} is not an IPv4 address") from None
+    _require(bool(_MAC.match(worker.mac)), job, f"{who}: {worker.mac!r} is not a MAC address (aa:bb:..)")
+    _require(0 < worker.udp_port < 1 << 16, job, f"{who}: UDP port {worker.udp_port} is outside 1..65535")
+    _require(
+        worker.udp_port & c.UDP_PORT_MASK != c.UDP_PORT_BASE, job,
+        f"{who}: UDP port {worker.udp_port} is in the lhc range; results sent there would be taken for DATA",
+    )
+    _require(
+        0 <= worker.switch_port < DROP_PORT, job,
+        f"{who}: switch port {worker.switch_port} is outside 0..{DROP_PORT - 1} ({DROP_PORT} drops)",
+    )
+
+
+def validate(job: JobLayout) -> None:
+    """Raise :class:`InvalidJob` unless the data plane can run ``job`` exactly (docs/switch.md)."""
+    _require(0 <= job.job_id < 1 << _JOB_ID_BITS, job, f"job id must fit {_JOB_ID_BITS} bits")
+    _require(
+        0 < job.job_index < c.MAX_JOBS, job,
+        f"job index {job.job_index} must be in 1..{c.MAX_JOBS - 1} (row 0 counts packets of no job; "
+        "a larger index has no counter row)",
+    )
+    _require(job.slot_count > 0, job, "slot count must be at least 1")
+    _require(
+        job.slot_base >= 0 and job.slot_base + job.slot_count <= c.MAX_SLOTS, job,
+        f"slots {job.slot_base}..{job.slot_base + job.slot_count - 1} run past the switch's "
+        f"{c.MAX_SLOTS} slots",
+    )
+    _require(
+        0 < job.epoch < 1 << _EPOCH_BITS, job,
+        f"epoch {job.epoch} must be in 1..{(1 << _EPOCH_BITS) - 1} (0 is the registers' reset value)",
+    )
+    _require(
+        0 < job.mcast_grp < 1 << _MCAST_GRP_BITS, job,
+        f"multicast group {job.mcast_grp} must be in 1..{(1 << _MCAST_GRP_BITS) - 1} (0 means no "
+        "multicast: results would leave by port 0)",
+    )
+    count = len(job.workers)
+    _require(0 < count <= c.MAX_WORKERS, job, f"{count} workers; a job has 1..{c.MAX_WORKERS}")
+    ranks = sorted(w.rank for w in job.workers)
+    _require(ranks == list(range(count)), job, f"ranks must be 0..{count - 1} once each, got {ranks}")
+    _require(
+        0 < job.world_size <= count, job,
+        f"fan-in {job.world_size} must be in 1..{count} (0 never completes a round)",
+    )
+    seen: dict[tuple[str, int], int] = {}
+    for worker in job.workers:
+        _check_worker(job, worker)
+        address = (worker.ip, worker.udp_port)
+        _require(
+            address not in seen, job,
+            f"ranks {seen.get(address)} and {worker.rank} share the address {worker.ip}:{worker.udp_port}",
+        )
+        seen[address] = worker.rank
+
+
+def job_entries(job: JobLayout) -> JobEntries:
+    """The table entries and multicast group that admit ``job``; raises :class:`InvalidJob` first."""
+    validate(job)
+    workers = sorted(job.workers, key=lambda w: w.rank)
+    tables = [TableEntrySpec(
+        JOBS_TABLE, (("hdr.lhc.job_id", job.job_id),), SET_JOB,
+        (("job_index", job.job_index), ("slot_base", job.slot_base), ("slot_count", job.slot_count),
+         ("fan_in", job.world_size), ("mcast_grp", job.mcast_grp), ("epoch", job.epoch)),
+    )]
+    for w in workers:
+        tables.append(TableEntrySpec(
+            WORKERS_TABLE,
+            (("hdr.lhc.job_id", job.job_id), ("hdr.lhc.worker_id", w.rank),
+             ("hdr.ipv4.src_addr", ip_to_int(w.ip))),
+            ADMIT_WORKER, (("worker_bit", w.bit),),
+        ))
+    for w in workers:
+        tables.append(TableEntrySpec(
+            REPLICAS_TABLE, (("hdr.lhc.job_id", job.job_id), ("standard_metadata.egress_rid", w.rank)),
+            SET_REPLICA_DST,
+            (("dst_mac", mac_to_int(w.mac)), ("dst_addr", ip_to_int(w.ip)), ("dst_port", w.udp_port)),
+        ))
+    group = MulticastGroupSpec(job.mcast_grp, tuple((w.switch_port, w.rank) for w in workers))
+    return JobEntries(tuple(tables), group)
