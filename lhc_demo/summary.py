@@ -1,0 +1,78 @@
+"""What the training demo reports: the three runs side by side, one JSON summary line and a plot."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+#: A run's first steps include connection set-up and the codec's first-round size estimates.
+WARMUP_STEPS = 2
+
+
+def mean_losses(run: dict) -> list[float]:
+    """Per step, the mean of the ranks' losses."""
+    return [statistics.fmean(step) for step in zip(*run["losses"], strict=True)]
+
+
+def steady_mean(values: list[float]) -> float:
+    """The mean after the warm-up steps (all of them when the run is shorter than that)."""
+    tail = values[WARMUP_STEPS:] or values
+    return statistics.fmean(tail) if tail else 0.0
+
+
+def step_time(ranks: list[dict]) -> float:
+    """A step lasts as long as its slowest rank."""
+    per_step = [max(step) for step in zip(*(r["step_s"] for r in ranks), strict=True)]
+    return steady_mean(per_step)
+
+
+def bytes_per_step(ranks: list[dict]) -> float:
+    """Bytes one worker put on the wire per step (rank 0's; every rank sends the same amount)."""
+    return steady_mean([float(b) for b in ranks[0]["bytes_per_step"]])
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict:
+    """The demo's JSON summary from the ranks' results of the ``ddp``, ``dense`` and ``lhc`` runs."""
+    ddp, dense, lhc = (runs[name] for name in ("ddp", "dense", "lhc"))
+    lhc_losses, dense_losses, ddp_losses = (mean_losses(r[0]) for r in (lhc, dense, ddp))
+    times = {name: step_time(ranks) for name, ranks in runs.items()}
+    lhc_bytes, dense_bytes = bytes_per_step(lhc), bytes_per_step(dense)
+    return {
+        "losses_match": all(a["losses"] == b["losses"] for a, b in zip(lhc, dense, strict=True)),
+        "max_loss_diff_vs_ddp": max(abs(a - b) for a, b in zip(lhc_losses, ddp_losses, strict=True)),
+        "bytes_ratio": dense_bytes / lhc_bytes if lhc_bytes else float("inf"),
+        "step_speedup_vs_dense": times["dense"] / times["lhc"],
+        "step_speedup_vs_ddp": times["ddp"] / times["lhc"],
+        "step_s": times,
+        "bytes_per_step": {"dense": dense_bytes, "lhc": lhc_bytes},
+        "aggregate_s": {name: steady_mean(runs[name][0]["aggregate_s"]) for name in ("dense", "lhc")},
+        "final_loss": {"ddp": ddp_losses[-1], "dense": dense_losses[-1], "lhc": lhc_losses[-1]},
+        "workers": lhc[0]["world"],
+        "steps": len(lhc_losses),
+    }
+
+
+def plot(runs: dict[str, list[dict]], path: Path) -> None:
+    """Loss curves, bytes per step and step times of the three runs, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (losses, wire, times) = plt.subplots(1, 3, figsize=(15, 4))
+    for name, ranks in runs.items():
+        losses.plot(mean_losses(ranks[0]), label=name)
+        per_step = [max(step) for step in zip(*(r["step_s"] for r in ranks), strict=True)]
+        times.plot(per_step, label=name)
+        if ranks[0]["bytes_per_step"]:
+            wire.plot([b / 1e6 for b in ranks[0]["bytes_per_step"]], label=name)
+    losses.set(title="training loss (mean over workers)", xlabel="step", ylabel="BCE loss")
+    wire.set(title="bytes on the wire per worker and step", xlabel="step", ylabel="MB")
+    times.set(title="step time (slowest worker)", xlabel="step", ylabel="seconds")
+    for axes in (losses, wire, times):
+        axes.legend()
+        axes.grid(alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,130 @@
+"""`make demo`: data-parallel training through the switch, three ways on the same data and seed.
+
+1. ``ddp``: plain DDP allreduce over Gloo (what people run today);
+2. ``dense``: every gradient bucket through the switch uncompressed (the SwitchML/ATP baseline);
+3. ``lhc``: the lhc DDP hook through the switch (lossless homomorphic compression, mode ``auto``).
+
+The switch is softswitch on UDP over loopback, admitted jobs come from the controller; the demo starts
+and stops both, so nothing needs root or a P4 toolchain. It prints the per-step losses and costs, writes a
+plot and the ranks' raw results to ``--out``, and ends with one JSON summary line (``lhc_demo.summary``).
+
+    python -m lhc_demo.train [--workers 4] [--steps 20] [--out build/demo] [--json] [model options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from lhc_demo import summary
+from lhc_demo.worker import RUNS, config_arguments
+from controller.processes import ControllerProcess, SoftswitchProcess, child_env
+
+#: A worker that has not finished by then is stuck: the demo fails instead of hanging.
+RUN_TIMEOUT_S = 900
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lhc_demo.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=4, help="worker processes (%(default)s)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run (%(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("build/demo"), help="plot and results (%(default)s)")
+    parser.add_argument("--json", action="store_true", help="print only the JSON summary line")
+    config_arguments(parser)
+    return parser
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker_argv(args: argparse.Namespace, run: str, rank: int, master: str, job: str | None,
+                 controller: str, out: Path) -> list[str]:
+    argv = [sys.executable, "-m", "lhc_demo.worker", "--rank", str(rank), "--world", str(args.workers),
+            "--master", master, "--run", run, "--steps", str(args.steps), "--json-out", str(out),
+            "--users", str(args.users), "--items", str(args.items), "--dim", str(args.dim),
+            "--batch", str(args.batch), "--seed", str(args.seed)]
+    if job:
+        argv += ["--controller", controller, "--job", job]
+    if rank == 0:
+        argv.append("--progress")
+    return argv
+
+
+def run_once(args: argparse.Namespace, run: str, controller: ControllerProcess, scratch: Path) -> list[dict]:
+    """One run: W worker processes, their JSON results in rank order."""
+    job = None
+    if run != "ddp":
+        job = f"demo-{run}"
+        controller.client.create_job(job, workers=args.workers)
+    master = f"127.0.0.1:{_free_port()}"
+    outs = [scratch / f"{run}-{rank}.json" for rank in range(args.workers)]
+    procs = [
+        subprocess.Popen(
+            _worker_argv(args, run, rank, master, job, controller.listen, outs[rank]),
+            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True, env=child_env(),
+        )
+        for rank in range(args.workers)
+    ]
+    try:
+        with tqdm(total=args.steps, desc=run, unit="step", disable=args.json, leave=False) as bar:
+            for line in procs[0].stdout:  # rank 0 prints one line per finished step
+                if line.startswith("step "):
+                    bar.update(1)
+        codes = [proc.wait(RUN_TIMEOUT_S) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        if job:
+            controller.client.delete_job(job)
+    failed = [rank for rank, code in enumerate(codes) if code != 0]
+    if failed:
+        raise RuntimeError(f"run {run}: worker(s) {failed} failed (exit codes {codes})")
+    return [json.loads(out.read_text()) for out in outs]
+
+
+def _print_table(runs: dict[str, list[dict]]) -> None:
+    losses = {name: summary.mean_losses(ranks[0]) for name, ranks in runs.items()}
+    print(f"{'step':>4} " + " ".join(f"{name + ' loss':>14}" for name in runs)
+          + f" {'dense MB':>9} {'lhc MB':>8} " + " ".join(f"{name + ' s':>8}" for name in runs))
+    for step in range(len(losses["lhc"])):
+        row = f"{step:>4} " + " ".join(f"{losses[name][step]:>14.8f}" for name in runs)
+        row += f" {runs['dense'][0]['bytes_per_step'][step] / 1e6:>9.3f}"
+        row += f" {runs['lhc'][0]['bytes_per_step'][step] / 1e6:>8.3f} "
+        row += " ".join(f"{max(r['step_s'][step] for r in runs[name]):>8.3f}" for name in runs)
+        print(row)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not 2 <= args.workers <= 32:
+        raise SystemExit("--workers must be in 2..32")
+    if args.steps < 1:
+        raise SystemExit("--steps must be at least 1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lhc-demo-") as tmp:
+        scratch = Path(tmp)
+        with SoftswitchProcess() as switch, ControllerProcess(switch, scratch / "controller") as controller:
+            runs = {run: run_once(args, run, controller, scratch) for run in RUNS}
+    (args.out / "runs.json").write_text(json.dumps(runs))
+    result = summary.summarize(runs)
+    summary.plot(runs, args.out / "demo.png")
+    if not args.json:
+        _print_table(runs)
+        print(f"plot: {args.out / 'demo.png'}")
+    print(json.dumps(result))
+    return 0 if result["losses_match"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

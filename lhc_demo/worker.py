@@ -1,0 +1,131 @@
+"""One rank of the training demo: DDP over Gloo, its gradients aggregated by plain allreduce or by the
+lhc hook through the switch. Writes what it measured as one JSON file.
+
+    python -m lhc_demo.worker --rank R --world W --master HOST:PORT --run ddp|dense|lhc \
+        [--controller HOST:PORT --job NAME] --steps N --json-out FILE [model options]
+
+The demo (``lhc_demo.train``) and the Mininet runner start one per rank. Every run sees the same batches
+(``lhc_demo.recsys``), so the runs differ only in how gradients are aggregated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from lhc_demo.recsys import DemoConfig, Recommender, SyntheticClicks
+
+RUNS = ("ddp", "dense", "lhc")
+#: The hook's codec mode per run: dense aggregation through the switch is the SwitchML/ATP baseline.
+HOOK_MODES = {"dense": "dense", "lhc": "auto"}
+
+
+def config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model and data options, shared with the demo's own command line."""
+    defaults = DemoConfig()
+    parser.add_argument("--users", type=int, default=defaults.users, help="user embedding rows (%(default)s)")
+    parser.add_argument("--items", type=int, default=defaults.items, help="item embedding rows (%(default)s)")
+    parser.add_argument("--dim", type=int, default=defaults.dim, help="embedding width (%(default)s)")
+    parser.add_argument("--batch", type=int, default=defaults.batch,
+                        help="samples per worker and step; sets the density (%(default)s)")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="model and data seed (%(default)s)")
+
+
+def config_from(args: argparse.Namespace) -> DemoConfig:
+    return DemoConfig(users=args.users, items=args.items, dim=args.dim, batch=args.batch, seed=args.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m lhc_demo.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--master", required=True, help="HOST:PORT of rank 0's Gloo rendezvous")
+    parser.add_argument("--run", choices=RUNS, required=True)
+    parser.add_argument("--controller", help="the lhc controller's job service (dense and lhc runs)")
+    parser.add_argument("--job", help="the job name created on the controller (dense and lhc runs)")
+    parser.add_argument("--address", help="this worker's data-plane IPv4 (default: the controller's choice)")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--json-out", type=Path, required=True)
+    parser.add_argument("--progress", action="store_true", help="print one line per finished step")
+    config_arguments(parser)
+    return parser
+
+
+def _attach_hook(model: DistributedDataParallel, args: argparse.Namespace):
+    """Register the lhc hook on ``model``, its agent joined to the job; returns the hook state."""
+    from host_agent.torch_hook import LhcHookState, lhc_hook
+
+    if not (args.controller and args.job):
+        raise SystemExit(f"--run {args.run} aggregates through the switch: give --controller and --job")
+    state = LhcHookState.join(
+        controller=args.controller, job=args.job, mode=HOOK_MODES[args.run], address=args.address
+    )
+    model.register_comm_hook(state, lhc_hook)
+    return state
+
+
+def train(args: argparse.Namespace) -> dict:
+    """Train ``args.steps`` steps; the per-step losses of every rank and the times of this one."""
+    torch.set_num_threads(1)
+    config = config_from(args)
+    data = SyntheticClicks(config)
+    model = DistributedDataParallel(Recommender(config))
+    state = _attach_hook(model, args) if args.run != "ddp" else None
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    losses, step_s, wire_bytes, aggregate_s = [], [], [], []
+    for step in range(args.steps):
+        users, items, clicked = data.batch(args.rank, step)
+        started = time.perf_counter()
+        loss = F.binary_cross_entropy_with_logits(model(users, items), clicked)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        optimizer.step()
+        step_s.append(time.perf_counter() - started)
+        losses.append(loss.item())
+        if args.progress:
+            print(f"step {step} loss {losses[-1]:.6f} {step_s[-1]:.3f}s", flush=True)
+        if state is not None:
+            step_stats = state.pop_step_stats()
+            wire_bytes.append(step_stats["bytes_sent"])
+            aggregate_s.append(step_stats["network_s"])
+    every_rank: list[list[float]] = [[] for _ in range(args.world)]
+    dist.all_gather_object(every_rank, losses)
+    if state is not None:
+        state.close()
+    return {
+        "run": args.run,
+        "rank": args.rank,
+        "world": args.world,
+        "losses": every_rank,
+        "step_s": step_s,
+        "bytes_per_step": wire_bytes,
+        "aggregate_s": aggregate_s,
+        "config": config.to_dict(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    host, _, port = args.master.rpartition(":")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the Mininet runner names the host's interface
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{host}:{port}", rank=args.rank, world_size=args.world
+    )
+    try:
+        result = train(args)
+    finally:
+        dist.destroy_process_group()
+    args.json_out.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
