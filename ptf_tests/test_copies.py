@@ -9,13 +9,15 @@ from ptf_tests.base import LhcTest, reduce_round
 
 
 class BothCopiesAndSlotReuse(LhcTest):
-    """ver 0, ver 1, then ver 0 again on the same slot: each round's result holds only its own payloads."""
+    """ver 0, ver 1, then ver 0 again on the same slot (packets 1, 1 + S, 1 + 2S of the stream): each
+    round's result holds only its own payloads."""
 
     def runTest(self) -> None:
         job = self.add_job(0x400, 3, job_index=10, slot_count=2)
         rounds = [[[10 * r + w] * c.LANES for w in range(3)] for r in range(3)]
         for r, payloads in enumerate(rounds):
-            result = reduce_round(self, job, payloads, slot=1, ver=r % 2, seq=100 + r, absorbed_before=2 * r)
+            at = job.position(1 + r * job.slot_count)
+            result = reduce_round(self, job, payloads, **at, absorbed_before=2 * r)
             self.assertEqual(result, [30 * r + 3] * c.LANES)
         self.assert_stats({(10, c.Stat.ABSORBED): 6, (10, c.Stat.RESULT): 3})
 
@@ -27,12 +29,13 @@ class FinishedCopyOutlivesTheNextRound(LhcTest):
     def runTest(self) -> None:
         job = self.add_job(0x401, 2, job_index=11)
         w0, w1 = job.workers
-        first = reduce_round(self, job, [[1] * c.LANES, [2] * c.LANES], slot=0, ver=0, seq=1)
-        self.contribute(job, w0, [40] * c.LANES, slot=0, ver=1, seq=2)
+        now, later = job.position(0), job.position(job.slot_count)  # slot 0, copy 0 then copy 1
+        first = reduce_round(self, job, [[1] * c.LANES, [2] * c.LANES], **now)
+        self.contribute(job, w0, [40] * c.LANES, **later)
         self.wait_stats({(11, c.Stat.ABSORBED): 2})
-        asked = self.contribute(job, w1, [2] * c.LANES, slot=0, ver=0, seq=1)
+        asked = self.contribute(job, w1, [2] * c.LANES, **now)
         self.expect_retx(w1, asked, first, w1.bit)
-        last = self.contribute(job, w1, [2] * c.LANES, slot=0, ver=1, seq=2)
+        last = self.contribute(job, w1, [2] * c.LANES, **later)
         self.expect_result(job, last, [42] * c.LANES)
         self.assert_stats({(11, c.Stat.ABSORBED): 2, (11, c.Stat.RESULT): 2, (11, c.Stat.RETX): 1})
 
