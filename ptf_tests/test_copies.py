@@ -1,6 +1,5 @@
-"""The two shadow copies of a slot: rounds alternate between ver 0 and ver 1 and a copy is reused for a
-new round once every worker has moved on. A new contribution to one copy clears the worker's bit in the
-other, so a finished copy keeps answering retransmissions of the workers that have not moved on yet."""
+"""The two shadow copies of a slot: rounds alternate between ver 0 and ver 1 and a copy is reused for its
+next round once every worker has moved on; until then a finished copy keeps answering retransmissions."""
 
 from __future__ import annotations
 
@@ -23,8 +22,8 @@ class BothCopiesAndSlotReuse(LhcTest):
 
 
 class FinishedCopyOutlivesTheNextRound(LhcTest):
-    """After ver 0 finishes, worker 0 starts ver 1 (its bit leaves ver 0's bitmap); worker 1, which lost
-    the result, retransmits on ver 0 and gets it, with the bitmap of those that have not moved on."""
+    """After ver 0 finishes, worker 0 starts ver 1; worker 1, which lost the result, retransmits on ver 0
+    and gets it, with the bitmap of the round's contributors."""
 
     def runTest(self) -> None:
         job = self.add_job(0x401, 2, job_index=11)
@@ -34,7 +33,7 @@ class FinishedCopyOutlivesTheNextRound(LhcTest):
         self.contribute(job, w0, [40] * c.LANES, **later)
         self.wait_stats({(11, c.Stat.ABSORBED): 2})
         asked = self.contribute(job, w1, [2] * c.LANES, **now)
-        self.expect_retx(w1, asked, first, w1.bit)
+        self.expect_retx(w1, asked, first, job.full_mask)
         last = self.contribute(job, w1, [2] * c.LANES, **later)
         self.expect_result(job, last, [42] * c.LANES)
         self.assert_stats({(11, c.Stat.ABSORBED): 2, (11, c.Stat.RESULT): 2, (11, c.Stat.RETX): 1})

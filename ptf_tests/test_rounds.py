@@ -21,8 +21,8 @@ def lanes(value: int) -> list[int]:
 
 class GhostRoundTwoWorkers(LhcTest):
     """W = 2, S = 1: A1 = 1, B1 = 10 -> 11; A2 = 2; a late duplicate of A1; B2 = 20 -> 22; A3 = 3;
-    B3 = 30 -> 33 with the full bitmap. The duplicate is answered (RESULT_RETX of 11, whose bitmap lacks
-    A: A moved on) and starts nothing, so round 3 is exact."""
+    B3 = 30 -> 33 with the full bitmap. The duplicate is answered (RESULT_RETX of 11) and starts
+    nothing, so round 3 is exact."""
 
     def runTest(self) -> None:
         job = self.add_job(0x900, 2, job_index=ROW, slot_count=1)
@@ -34,7 +34,7 @@ class GhostRoundTwoWorkers(LhcTest):
         self.contribute(job, a, lanes(2), **job.position(2))
         self.wait_stats({(ROW, c.Stat.ABSORBED): 2})
         self.contribute(job, a, lanes(1), **job.position(1))  # the late duplicate of A1
-        self.expect_retx(a, a1, lanes(11), b.bit)
+        self.expect_retx(a, a1, lanes(11), job.full_mask)
         b2 = self.contribute(job, b, lanes(20), **job.position(2))
         self.expect_result(job, b2, lanes(22))
         self.contribute(job, a, lanes(3), **job.position(3))
@@ -46,8 +46,8 @@ class GhostRoundTwoWorkers(LhcTest):
 
 class GhostRoundLostCopy(LhcTest):
     """W = 3, S = 1, and C lost its copy of result 1: A and B send packet 2; a late duplicate of A1
-    arrives; C retransmits packet 1 twice. Each repeat is answered with result 1 (the bitmap names only C,
-    the one worker that has not moved on), so C gets its result; C2 then finishes round 2 exactly."""
+    arrives; C retransmits packet 1 twice. Each repeat is answered with result 1, so C gets its result;
+    C2 then finishes round 2 exactly."""
 
     def runTest(self) -> None:
         job = self.add_job(0x901, 3, job_index=ROW, slot_count=1)
@@ -61,10 +61,10 @@ class GhostRoundLostCopy(LhcTest):
         self.contribute(job, b, lanes(20), **job.position(2))
         self.wait_stats({(ROW, c.Stat.ABSORBED): 4})
         a1 = self.contribute(job, a, lanes(1), **job.position(1))  # the late duplicate of A1
-        self.expect_retx(a, a1, lanes(7), w_c.bit)
+        self.expect_retx(a, a1, lanes(7), job.full_mask)
         for _ in range(2):
             again = self.contribute(job, w_c, lanes(4), **job.position(1))
-            self.expect_retx(w_c, again, lanes(7), w_c.bit)
+            self.expect_retx(w_c, again, lanes(7), job.full_mask)
         c2 = self.contribute(job, w_c, lanes(40), **job.position(2))
         self.expect_result(job, c2, lanes(70))
         self.assert_stats({(ROW, c.Stat.ABSORBED): 4, (ROW, c.Stat.RESULT): 2, (ROW, c.Stat.RETX): 3})
@@ -91,10 +91,9 @@ class DelayedByManyRounds(LhcTest):
             self.contribute(job, sender, lanes(1000 + p), **job.position(p))
         self.wait_stats({(ROW, c.Stat.DROP_STALE_ROUND): 4})
         self.expect_silence()
-        # A delayed copy of B7 repeats the finished round 7 of (slot 1, copy 1): answered, with a bitmap
-        # that lacks A, who left that copy when it sent packet 9.
+        # A delayed copy of B7 repeats the finished round 7 of (slot 1, copy 1): answered.
         b7 = self.contribute(job, b, lanes(1007), **job.position(7))
-        self.expect_retx(b, b7, lanes(707), b.bit)
+        self.expect_retx(b, b7, lanes(707), job.full_mask)
         last = self.contribute(job, b, lanes(900), **job.position(9))
         self.expect_result(job, last, lanes(909))
         self.assert_stats(
@@ -109,8 +108,8 @@ class DelayedByManyRounds(LhcTest):
 
 class LateDuplicateAfterCompletion(LhcTest):
     """W = 2, S = 4: round 0 and then round 4 (the other copy) finish, so both workers left copy 0. A
-    delayed duplicate of B's packet 0 is a repeat of copy 0's finished round: answered with result 0
-    (bitmap 0: nobody still needs it) and nothing else; copy 0's next round, packet 8, is exact."""
+    delayed duplicate of B's packet 0 is a repeat of copy 0's finished round: answered with result 0 and
+    nothing else (B no longer waits for it and drops it); copy 0's next round, packet 8, is exact."""
 
     def runTest(self) -> None:
         job = self.add_job(0x903, 2, job_index=ROW, slot_count=4)
@@ -121,7 +120,7 @@ class LateDuplicateAfterCompletion(LhcTest):
             last = self.contribute(job, b, lanes(10 * (p + 1)), **job.position(p))
             self.expect_result(job, last, lanes(11 * (p + 1)))
         late = self.contribute(job, b, lanes(10), **job.position(0))
-        self.expect_retx(b, late, lanes(11), 0)
+        self.expect_retx(b, late, lanes(11), job.full_mask)
         self.contribute(job, a, lanes(8), **job.position(8))
         self.wait_stats({(ROW, c.Stat.ABSORBED): 3})
         last = self.contribute(job, b, lanes(80), **job.position(8))
@@ -148,7 +147,7 @@ class ReorderingWithinTheWindow(LhcTest):
         self.contribute(job, a, lanes(3), **job.position(2))
         self.wait_stats({(ROW, c.Stat.ABSORBED): 3})
         a0 = self.contribute(job, a, lanes(1), **job.position(0))  # A's retransmission of packet 0
-        self.expect_retx(a, a0, lanes(11), b.bit)
+        self.expect_retx(a, a0, lanes(11), job.full_mask)
         self.contribute(job, a, lanes(3), **job.position(2))  # and of packet 2: its round is in progress
         self.wait_stats({(ROW, c.Stat.DROP_DUPLICATE): 1})
         self.contribute(job, b, lanes(40), **job.position(3))  # B: packet 3 before packet 2

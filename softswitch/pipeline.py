@@ -378,7 +378,7 @@ class Pipeline:
             round_ = rounds[cell]
             if seq == round_:
                 bitmap = bitmaps[cell]
-                if not remaining:  # a repeat of the finished round, bit set or already left: answer it
+                if not remaining:  # a repeat of the finished round: answer it
                     return self._retransmit(cell, bitmap, byte0)
                 if bitmap & worker_bit:
                     return _DROP_DUPLICATE
@@ -388,8 +388,6 @@ class Pipeline:
             else:
                 return _DROP_STALE_ROUND
         row = self._rows[cell]
-        other = cell ^ 1  # SLOT_COPIES == 2: the other shadow copy of the slot
-        bitmaps[other] = bitmaps[other] & ~worker_bit & 0xFFFFFFFF
         if starts:  # first of a round: the packet's words become the value (and stay the payload)
             np.copyto(row, self._payload)
             bitmap = worker_bit

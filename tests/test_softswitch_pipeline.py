@@ -179,19 +179,23 @@ def test_both_copies_and_slot_reuse(switch):
         np.testing.assert_array_equal(parse(out[0][1])[7], values[0] + values[1])
     cell = 0 * c.SLOT_COPIES
     assert pipeline.slot_bitmap[cell] == 3 and pipeline.slot_remaining[cell] == 0
-    assert pipeline.slot_bitmap[cell + 1] == 0  # both workers moved on from copy 1: it owes nobody
+    assert pipeline.slot_round[cell] == 2 * s
+    assert pipeline.slot_bitmap[cell + 1] == 3  # copy 1 keeps its finished round's contributors
 
 
-def test_new_contribution_clears_the_workers_bit_in_the_other_copy(switch):
+def test_a_finished_copy_still_answers_after_the_others_moved_on(switch):
     pipeline, _ = switch
     job = make_job(1, 1, 2)
     install(switch, job)
-    aggregate(pipeline, job, [words(), words()], ver=0)
+    a, b = words(), words()
+    aggregate(pipeline, job, [a, b], ver=0)
     pipeline.inject(data_frame(job, 0, words(), **position(job, job.slot_count)), 1)
-    assert pipeline.slot_bitmap[0] == 0b10 and pipeline.slot_bitmap[1] == 0b01
-    # Worker 1 still asks copy 0 for its result: served, since copy 0 is finished and owes it one.
+    assert pipeline.slot_bitmap[0] == 0b11 and pipeline.slot_bitmap[1] == 0b01
+    # Worker 1 lost result 0 and asks copy 0 again: served with the round's contributors.
     out = pipeline.inject(data_frame(job, 1, words(), ver=0), 2)
-    assert parse(out[0][1])[6].msg_type == c.MsgType.RESULT_RETX
+    header, payload = parse(out[0][1])[6:]
+    assert (header.msg_type, header.bitmap) == (c.MsgType.RESULT_RETX, 0b11)
+    np.testing.assert_array_equal(payload, a + b)
 
 
 def test_new_epoch_resets_lazily_and_stale_epoch_is_dropped(switch):

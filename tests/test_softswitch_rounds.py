@@ -57,7 +57,7 @@ def test_ghost_round_two_workers_gives_the_exact_sum(pipeline):
     assert send(pipeline, job, 0, 1, 1) == []
     assert send(pipeline, job, 1, 10, 1) == [("RESULT", 0b11, 1, 11)] * 2
     assert send(pipeline, job, 0, 2, 2) == []
-    assert send(pipeline, job, 0, 1, 1) == [("RESULT_RETX", 0b10, 1, 11)]  # late duplicate of A1
+    assert send(pipeline, job, 0, 1, 1) == [("RESULT_RETX", 0b11, 1, 11)]  # late duplicate of A1
     assert send(pipeline, job, 1, 20, 2) == [("RESULT", 0b11, 2, 22)] * 2
     assert send(pipeline, job, 0, 3, 3) == []
     assert send(pipeline, job, 1, 30, 3) == [("RESULT", 0b11, 3, 33)] * 2

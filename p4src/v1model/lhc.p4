@@ -187,7 +187,6 @@ control LhcIngress(inout lhc_headers_t hdr,
                 @atomic {
                     bit<32> cell = ((bit<32>)meta.slot_base + (bit<32>)hdr.lhc.slot) * LHC_SLOT_COPIES
                                    + (bit<32>)hdr.lhc.ver;
-                    bit<32> other = cell ^ 1;  // SLOT_COPIES == 2: the other shadow copy
                     bit<32> vbase = cell * LHC_LANES;
                     bit<16> cell_epoch = 0;
                     bit<32> round = 0;
@@ -207,8 +206,7 @@ control LhcIngress(inout lhc_headers_t hdr,
                         slot_remaining.read(remaining, cell);
                         if (hdr.lhc.seq == round) {
                             if (remaining == 0) {
-                                // A repeat of the finished round (its bit set, or cleared when the
-                                // sender moved on): send the result back to the sender.
+                                // A repeat of the finished round: send the result back to the sender.
                                 contributes = false;
                                 LHC_FOR_EACH_LANE(LHC_READ_LANE)
                                 hdr.lhc.msg_type = LHC_TYPE_RESULT_RETX;
@@ -240,10 +238,6 @@ control LhcIngress(inout lhc_headers_t hdr,
                         }
                     }
                     if (contributes) {
-                        // The worker holds the other copy's result: that copy no longer owes it one.
-                        bit<32> other_bitmap = 0;
-                        slot_bitmap.read(other_bitmap, other);
-                        slot_bitmap.write(other, other_bitmap & ~meta.worker_bit);
                         if (starts) {
                             LHC_FOR_EACH_LANE(LHC_FIRST_LANE)
                             slot_round.write(cell, hdr.lhc.seq);
