@@ -3,10 +3,11 @@
 Cases (one JSON object each with ``--json``):
 
 - ``udp``: softswitch started as its own process (``lhc-softswitch --udp``), configured over P4Runtime,
-  and W simulated workers in this process that keep ``--window`` aggregation rounds in flight over UDP on
-  loopback. Every round is W DATA packets of ``LANES`` words; the switch multicasts each result to all W
-  workers, and every copy is received and checked bit for bit against the expected sum. This is the
-  number the project quotes: it includes the kernel's UDP path on both sides.
+  and W simulated workers in this process (one UDP socket each) that keep ``--window`` aggregation rounds
+  in flight over UDP on loopback. Every round is W DATA packets of ``LANES`` words; the switch
+  multicasts each result to all W workers, and every copy is received and checked bit for bit against
+  the expected sum. This is the number the project quotes: it includes the kernel's UDP path on both
+  sides.
 - ``pipeline``: the same DATA packets run through ``Pipeline.process`` in this process with no sockets,
   the ceiling the Python pipeline itself allows.
 
@@ -31,12 +32,13 @@ from p4.v1 import p4runtime_pb2 as p4v1
 from p4.v1 import p4runtime_pb2_grpc
 
 from lhc_ina import constants as c
+from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
 from lhc_ina.wire import FRAME_END, FRAME_LHC, FRAME_PAYLOAD, HEADER_OFFSETS, HEADER_SHIFTS
 from softswitch.cli import READY
 from softswitch.entities import Entities
 from softswitch.pipeline import Pipeline
-from softswitch.testing import Job, Worker, data_frame, data_packet, job_updates
+from softswitch.testing import data_frame, data_packet, job_updates, make_job
 
 _SEQ = struct.Struct("!I")
 _SLOT = struct.Struct("!H")
@@ -60,9 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object per case")
 
 
-def _job(workers: int, slots: int, udp_port: int) -> Job:
-    members = [Worker("127.0.0.1", udp_port, "02:00:7f:00:00:01", 1) for _ in range(workers)]
-    return Job(job_id=1, job_index=1, workers=members, slot_count=slots, epoch=7)
+def _job(slots: int, udp_ports: list[int]) -> JobLayout:
+    """Rank r on 127.0.0.1:udp_ports[r], behind switch port 1."""
+    members = [WorkerEndpoint(rank, "127.0.0.1", port, "02:00:7f:00:00:01", 1)
+               for rank, port in enumerate(udp_ports)]
+    return make_job(1, 1, members, slot_count=slots, epoch=7)
 
 
 def _contributions(workers: int) -> tuple[list[np.ndarray], bytes]:
@@ -77,13 +81,13 @@ def _contributions(workers: int) -> tuple[list[np.ndarray], bytes]:
 class _Switch:
     """An ``lhc-softswitch`` process with one UDP port on loopback, configured for one job."""
 
-    def __init__(self, workers: int, slots: int, udp_port: int) -> None:
+    def __init__(self, slots: int, udp_ports: list[int]) -> None:
         line = self._start()
         fields = dict(part.split("=", 1) for part in line[len(READY):].split())
         self.grpc_addr = fields["grpc"]
         host_port = fields["ports"].split("@", 1)[1].removesuffix("/udp")
         self.udp_addr = (host_port.rsplit(":", 1)[0], int(host_port.rsplit(":", 1)[1]))
-        self.job = _job(workers, slots, udp_port)
+        self.job = _job(slots, udp_ports)
         self._configure()
 
     def _start(self) -> str:
@@ -120,27 +124,31 @@ class _Switch:
 
 
 def _run_udp(workers: int, seconds: float, window: int, slots: int) -> dict[str, Any]:
-    """W workers (one socket: the switch tells them apart by worker_id) keep ``window`` rounds in flight."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(2.0)
-    switch = _Switch(workers, slots, sock.getsockname()[1])
+    """W workers, one socket each, keep ``window`` rounds in flight; every result copy is checked."""
+    socks = []
+    for _ in range(workers):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(2.0)
+        socks.append(sock)
+    switch = _Switch(slots, [sock.getsockname()[1] for sock in socks])
     try:
         values, expected = _contributions(workers)
         packets = [bytearray(data_packet(switch.job, rank, values[rank])) for rank in range(workers)]
         window = min(window, slots)
-        copies = [0] * (1 << 16)  # per round modulo 2^16: copies of its result received
         buffer = bytearray(2048)
         sent = completed = mismatched = 0
         deadline = time.perf_counter() + seconds
         start = time.perf_counter()
-        sendto, recv_into, target = sock.sendto, sock.recv_into, switch.udp_addr
+        senders = [sock.sendto for sock in socks]
+        receivers = [sock.recv_into for sock in socks]
+        target = switch.udp_addr
         while True:
             now_ok = time.perf_counter() < deadline
             while now_ok and sent - completed < window:
-                slot, ver = sent % slots, (sent // slots) & 1
-                for packet in packets:
+                slot, ver = sent % slots, (sent // slots) & 1  # packet p = sent: S = slot_count
+                for packet, sendto in zip(packets, senders, strict=True):
                     packet[_BYTE0_AT] = _byte0(ver)
                     _SLOT.pack_into(packet, _SLOT_AT, slot)
                     _SEQ.pack_into(packet, _SEQ_AT, sent)
@@ -148,21 +156,24 @@ def _run_udp(workers: int, seconds: float, window: int, slots: int) -> dict[str,
                 sent += 1
             if completed == sent:
                 break
-            try:
-                size = recv_into(buffer)
-            except TimeoutError:
-                raise RuntimeError(f"results stopped arriving: {sent - completed} rounds lost") from None
-            if buffer[c.HEADER_BYTES:size] != expected:
-                mismatched += 1
-            seq = _SEQ.unpack_from(buffer, _SEQ_AT)[0] & 0xFFFF
-            copies[seq] += 1
-            if copies[seq] == workers:
-                copies[seq] = 0
-                completed += 1
+            # The switch sends a result's copies one after another, so each rank's socket holds the
+            # same sequence of results: one copy from each is one finished round.
+            seqs = set()
+            for recv_into in receivers:
+                try:
+                    size = recv_into(buffer)
+                except TimeoutError:
+                    raise RuntimeError(f"results stopped arriving: {sent - completed} rounds lost") from None
+                if buffer[c.HEADER_BYTES:size] != expected:
+                    mismatched += 1
+                seqs.add(_SEQ.unpack_from(buffer, _SEQ_AT)[0])
+            mismatched += len(seqs) - 1
+            completed += 1
         elapsed = time.perf_counter() - start
     finally:
         switch.stop()
-        sock.close()
+        for sock in socks:
+            sock.close()
     data_packets = completed * workers
     return _result("udp", workers, data_packets, elapsed, rounds=completed, result_copies=completed * workers,
                    exact=mismatched == 0)
@@ -172,7 +183,7 @@ def _run_pipeline(workers: int, seconds: float, slots: int) -> dict[str, Any]:
     index = P4InfoIndex.from_file()
     pipeline = Pipeline(index)
     pipeline.configured = True
-    job = _job(workers, slots, 40000)
+    job = _job(slots, [40000 + rank for rank in range(workers)])
     entities = Entities(pipeline, index.p4info)
     for up in job_updates(index, job):
         entities.write(up)
@@ -189,11 +200,12 @@ def _run_pipeline(workers: int, seconds: float, slots: int) -> dict[str, Any]:
     start = time.perf_counter()
     while time.perf_counter() < deadline:
         for _ in range(100):
-            slot, ver = rounds % slots, (rounds // slots) & 1
+            slot, ver = rounds % slots, (rounds // slots) & 1  # packet p = rounds: S = slot_count
             for frame in frames:
                 rx[: len(frame)] = frame
                 rx[FRAME_LHC + _BYTE0_AT] = _byte0(ver)
                 _SLOT.pack_into(rx, FRAME_LHC + _SLOT_AT, slot)
+                _SEQ.pack_into(rx, FRAME_LHC + _SEQ_AT, rounds)
                 process(len(frame), 1, emit)
             rounds += 1
     elapsed = time.perf_counter() - start

@@ -88,8 +88,8 @@ class Stat(IntEnum):
 
     ABSORBED = 0  # a new contribution, not the last: added and dropped
     RESULT = 1  # the last contribution: the result was multicast to the job
-    RETX = 2  # a duplicate of a finished copy: RESULT_RETX unicast to the sender
-    DROP_DUPLICATE = 3  # a duplicate while the copy still aggregates
+    RETX = 2  # a repeat of the copy's finished round: RESULT_RETX unicast to the sender
+    DROP_DUPLICATE = 3  # a repeat while the copy's round still aggregates
     DROP_MALFORMED = 4  # truncated packet, wrong UDP/IP length, or reserved bits set
     DROP_BAD_TYPE = 5  # not a DATA packet (RESULT, RESULT_RETX, CONTROL or unknown type)
     DROP_BAD_OP = 6  # op code not in Op
@@ -97,6 +97,7 @@ class Stat(IntEnum):
     DROP_STALE_EPOCH = 8  # epoch differs from the job's current one
     DROP_SLOT_RANGE = 9  # slot >= the job's slot count
     DROP_BAD_WORKER = 10  # (job, worker_id, IPv4 source) not admitted: unknown worker or spoofed
+    DROP_STALE_ROUND = 11  # seq is neither the copy's round nor its next one: a delayed packet
 
 
 #: Counter columns per job (a power of two, so the index is a shift on Tofino).

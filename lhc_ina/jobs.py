@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Literal
 
 from lhc_ina import constants as c
 
@@ -30,6 +32,11 @@ _MCAST_GRP_BITS = 16
 _PORT_BITS = 9
 #: v1model's drop port (511 for 9-bit ports): a replica there is never delivered.
 DROP_PORT = (1 << _PORT_BITS) - 1
+#: Tofino: a port's pipe is its top two bits; port 68 of each pipe is p4src/tna's recirculation port.
+TNA_PIPE_SHIFT = 7
+TNA_RECIRC_PORT_LOCAL = 68
+#: The data planes a job can be validated for.
+Target = Literal["v1model", "tna"]
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 
 
@@ -136,8 +143,13 @@ def _check_worker(job: JobLayout, worker: WorkerEndpoint) -> None:
     )
 
 
-def validate(job: JobLayout) -> None:
-    """Raise :class:`InvalidJob` unless the data plane can run ``job`` exactly (docs/switch.md)."""
+def validate(job: JobLayout, *, target: Target = "v1model", stamped_epochs: Collection[int] = ()) -> None:
+    """Raise :class:`InvalidJob` unless the data plane can run ``job`` exactly (docs/switch.md, "Admission
+    invariants").
+
+    ``target`` "tna" adds Tofino's limits (one pipe, no recirculation port). ``stamped_epochs`` are the
+    epochs that cells of the job's slot range may still carry from earlier jobs (the controller's record):
+    reusing one would revive their state, so it is rejected."""
     _require(0 <= job.job_id < 1 << _JOB_ID_BITS, job, f"job id must fit {_JOB_ID_BITS} bits")
     _require(
         0 < job.job_index < c.MAX_JOBS, job,
@@ -176,11 +188,34 @@ def validate(job: JobLayout) -> None:
             f"ranks {seen.get(address)} and {worker.rank} share the address {worker.ip}:{worker.udp_port}",
         )
         seen[address] = worker.rank
+    _require(
+        job.epoch not in stamped_epochs, job,
+        f"epoch {job.epoch} may still stamp cells of slots {job.slot_base}.."
+        f"{job.slot_base + job.slot_count - 1} (an earlier job's): their old state would look current",
+    )
+    if target == "tna":
+        _check_tna(job)
+    elif target != "v1model":
+        raise ValueError(f"unknown target {target!r}: v1model or tna")
 
 
-def job_entries(job: JobLayout) -> JobEntries:
-    """The table entries and multicast group that admit ``job``; raises :class:`InvalidJob` first."""
-    validate(job)
+def _check_tna(job: JobLayout) -> None:
+    """Tofino: registers are per pipe, so a job's workers share one; the recirculation port is taken."""
+    pipes = sorted({w.switch_port >> TNA_PIPE_SHIFT for w in job.workers})
+    _require(len(pipes) == 1, job, f"workers on pipes {pipes}: a job's workers must share one pipe on Tofino")
+    for worker in job.workers:
+        _require(
+            worker.switch_port & ((1 << TNA_PIPE_SHIFT) - 1) != TNA_RECIRC_PORT_LOCAL, job,
+            f"rank {worker.rank}: switch port {worker.switch_port} is its pipe's recirculation port",
+        )
+
+
+def job_entries(
+    job: JobLayout, *, target: Target = "v1model", stamped_epochs: Collection[int] = ()
+) -> JobEntries:
+    """The table entries and multicast group that admit ``job``; raises :class:`InvalidJob` first
+    (``target`` and ``stamped_epochs`` as for :func:`validate`)."""
+    validate(job, target=target, stamped_epochs=stamped_epochs)
     workers = sorted(job.workers, key=lambda w: w.rank)
     tables = [TableEntrySpec(
         JOBS_TABLE, (("hdr.lhc.job_id", job.job_id),), SET_JOB,

@@ -32,6 +32,14 @@ from ptf.base_tests import BaseTest
 from scapy.packet import Packet
 
 from lhc_ina import constants as c
+from lhc_ina.jobs import (
+    REPLICAS_TABLE,
+    SET_JOB,
+    JobLayout,
+    TableEntrySpec,
+    WorkerEndpoint,
+    job_entries,
+)
 from lhc_ina.p4info import V1MODEL_P4INFO, P4InfoIndex
 from lhc_ina.p4rt import P4RuntimeClient, multicast_group_entry
 from lhc_ina.wire import LhcHeader
@@ -39,6 +47,7 @@ from ptf_tests import frames
 from ptf_tests.frames import Worker
 
 STATS = "LhcIngress.lhc_stats"
+_RID = "standard_metadata.egress_rid"
 #: The suite's primary connection; a test may connect a backup with a lower id.
 SESSION_ELECTION_ID = 10
 #: How long a positive wait (a packet, a counter) may take before the test fails.
@@ -55,7 +64,8 @@ def next_epoch() -> int:
 
 @dataclass(frozen=True)
 class Job:
-    """A job as installed: its `jobs` entry parameters and its workers."""
+    """A job as installed: its `jobs` entry parameters and its workers (with their PTF ports). Its table
+    entries come from ``lhc_ina.jobs.job_entries`` through :attr:`layout`."""
 
     job_id: int
     job_index: int
@@ -69,6 +79,17 @@ class Job:
     @property
     def full_mask(self) -> int:
         return sum(w.bit for w in self.workers[: self.fan_in])
+
+    @property
+    def layout(self) -> JobLayout:
+        """The job as admission describes it (a worker's PTF port is its switch port)."""
+        endpoints = tuple(WorkerEndpoint(w.rank, w.ip, w.udp_port, w.mac, w.port) for w in self.workers)
+        return JobLayout(self.job_id, self.job_index, self.slot_base, self.slot_count, self.epoch,
+                         self.mcast_grp, endpoints, self.fan_in)
+
+    def position(self, p: int) -> dict[str, int]:
+        """Where packet ``p`` of the job's stream goes (docs/protocol.md): slot, copy and seq."""
+        return {"slot": p % self.slot_count, "ver": (p // self.slot_count) % 2, "seq": p & 0xFFFFFFFF}
 
     def header(self, worker: Worker, **fields: int) -> LhcHeader:
         """A DATA header from ``worker`` for this job (epoch and ids filled in; override any field)."""
@@ -157,10 +178,15 @@ class LhcTest(BaseTest):
         mcast_grp: int | None = None,
         epoch: int | None = None,
         rewrites: Sequence[Worker] | None = None,
+        broken: Mapping[str, int] | None = None,
     ) -> Job:
-        """Install a job with its `jobs` entry, one `workers` entry per worker, a multicast group with one
-        replica per worker (port, instance = rank) and each replica's rewrite (of ``rewrites`` only, when
-        given). ``workers`` is a count (spread over the PTF ports) or explicit workers."""
+        """Install a job: the entries and multicast group that ``lhc_ina.jobs.job_entries`` gives for it
+        (which rejects a job that breaks an admission invariant). ``workers`` is a count (spread over the
+        PTF ports) or explicit workers.
+
+        Two explicit escape hatches, for tests of what the data plane does with incomplete or broken
+        tables: ``rewrites`` installs the `replicas` entries of only those workers, and ``broken``
+        overrides `set_job` parameters after validation (e.g. a slot range past the registers)."""
         members = tuple(
             frames.make_workers(job_id, workers, self.ports) if isinstance(workers, int) else workers
         )
@@ -174,54 +200,29 @@ class LhcTest(BaseTest):
             epoch=next_epoch() if epoch is None else epoch,
             workers=members,
         )
-        self.install(self.job_entry(job))
-        self.add_workers(job, members)
-        self.install(multicast_group_entry(job.mcast_grp, [(w.port, w.rank) for w in members]))
-        self.add_replicas(job, members if rewrites is None else rewrites)
+        entries = job_entries(job.layout)
+        keep = None if rewrites is None else {w.rank for w in rewrites}
+        for spec in entries.tables:
+            if spec.table == REPLICAS_TABLE and keep is not None and dict(spec.match)[_RID] not in keep:
+                continue
+            self.install(self._entry(spec, broken if spec.action == SET_JOB else None))
+        self.install(multicast_group_entry(entries.group.group_id, entries.group.replicas))
         return job
 
-    def job_entry(self, job: Job, **changes: int) -> p4runtime_pb2.TableEntry:
-        """The `jobs` entry of ``job`` (``changes`` override action params, e.g. a new epoch)."""
-        params = {
-            "job_index": job.job_index,
-            "slot_base": job.slot_base,
-            "slot_count": job.slot_count,
-            "fan_in": job.fan_in,
-            "mcast_grp": job.mcast_grp,
-            "epoch": job.epoch,
-            **changes,
-        }
-        return self.entities.table_entry(
-            "LhcIngress.jobs", {"hdr.lhc.job_id": job.job_id}, "LhcIngress.set_job", params
-        )
+    def job_entry(self, job: Job) -> p4runtime_pb2.TableEntry:
+        """The `jobs` entry of ``job`` (e.g. to MODIFY it with a new epoch), validated."""
+        (spec,) = (s for s in job_entries(job.layout).tables if s.action == SET_JOB)
+        return self._entry(spec)
 
-    def add_workers(self, job: Job, workers: Iterable[Worker]) -> None:
-        """Admit workers: (job_id, rank, IPv4 source) → the rank's bit."""
-        self.install(
-            *(
-                self.entities.table_entry(
-                    "LhcIngress.workers",
-                    {"hdr.lhc.job_id": job.job_id, "hdr.lhc.worker_id": w.rank, "hdr.ipv4.src_addr": w.ip},
-                    "LhcIngress.admit_worker",
-                    {"worker_bit": w.bit},
-                )
-                for w in workers
-            )
-        )
-
-    def add_replicas(self, job: Job, workers: Iterable[Worker]) -> None:
-        """Per-replica rewrites: (job_id, egress_rid = rank) → the worker's MAC, IPv4 address and UDP port."""
-        self.install(
-            *(
-                self.entities.table_entry(
-                    "LhcEgress.replicas",
-                    {"hdr.lhc.job_id": job.job_id, "standard_metadata.egress_rid": w.rank},
-                    "LhcEgress.set_replica_dst",
-                    {"dst_mac": w.mac, "dst_addr": w.ip, "dst_port": w.udp_port},
-                )
-                for w in workers
-            )
-        )
+    def _entry(
+        self, spec: TableEntrySpec, broken: Mapping[str, int] | None = None
+    ) -> p4runtime_pb2.TableEntry:
+        params = dict(spec.params)
+        if broken:
+            unknown = set(broken) - set(params)
+            self.assertFalse(unknown, f"{spec.action} has no parameters {sorted(unknown)}")
+            params.update(broken)
+        return self.entities.table_entry(spec.table, dict(spec.match), spec.action, params)
 
     # -- traffic --
     def send(self, port: int, frame: Packet | bytes) -> None:

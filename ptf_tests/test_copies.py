@@ -1,6 +1,5 @@
-"""The two shadow copies of a slot: rounds alternate between ver 0 and ver 1 and a copy is reused for a
-new round once every worker has moved on. A new contribution to one copy clears the worker's bit in the
-other, so a finished copy keeps answering retransmissions of the workers that have not moved on yet."""
+"""The two shadow copies of a slot: rounds alternate between ver 0 and ver 1 and a copy is reused for its
+next round once every worker has moved on; until then a finished copy keeps answering retransmissions."""
 
 from __future__ import annotations
 
@@ -9,30 +8,33 @@ from ptf_tests.base import LhcTest, reduce_round
 
 
 class BothCopiesAndSlotReuse(LhcTest):
-    """ver 0, ver 1, then ver 0 again on the same slot: each round's result holds only its own payloads."""
+    """ver 0, ver 1, then ver 0 again on the same slot (packets 1, 1 + S, 1 + 2S of the stream): each
+    round's result holds only its own payloads."""
 
     def runTest(self) -> None:
         job = self.add_job(0x400, 3, job_index=10, slot_count=2)
         rounds = [[[10 * r + w] * c.LANES for w in range(3)] for r in range(3)]
         for r, payloads in enumerate(rounds):
-            result = reduce_round(self, job, payloads, slot=1, ver=r % 2, seq=100 + r, absorbed_before=2 * r)
+            at = job.position(1 + r * job.slot_count)
+            result = reduce_round(self, job, payloads, **at, absorbed_before=2 * r)
             self.assertEqual(result, [30 * r + 3] * c.LANES)
         self.assert_stats({(10, c.Stat.ABSORBED): 6, (10, c.Stat.RESULT): 3})
 
 
 class FinishedCopyOutlivesTheNextRound(LhcTest):
-    """After ver 0 finishes, worker 0 starts ver 1 (its bit leaves ver 0's bitmap); worker 1, which lost
-    the result, retransmits on ver 0 and gets it, with the bitmap of those that have not moved on."""
+    """After ver 0 finishes, worker 0 starts ver 1; worker 1, which lost the result, retransmits on ver 0
+    and gets it, with the bitmap of the round's contributors."""
 
     def runTest(self) -> None:
         job = self.add_job(0x401, 2, job_index=11)
         w0, w1 = job.workers
-        first = reduce_round(self, job, [[1] * c.LANES, [2] * c.LANES], slot=0, ver=0, seq=1)
-        self.contribute(job, w0, [40] * c.LANES, slot=0, ver=1, seq=2)
+        now, later = job.position(0), job.position(job.slot_count)  # slot 0, copy 0 then copy 1
+        first = reduce_round(self, job, [[1] * c.LANES, [2] * c.LANES], **now)
+        self.contribute(job, w0, [40] * c.LANES, **later)
         self.wait_stats({(11, c.Stat.ABSORBED): 2})
-        asked = self.contribute(job, w1, [2] * c.LANES, slot=0, ver=0, seq=1)
-        self.expect_retx(w1, asked, first, w1.bit)
-        last = self.contribute(job, w1, [2] * c.LANES, slot=0, ver=1, seq=2)
+        asked = self.contribute(job, w1, [2] * c.LANES, **now)
+        self.expect_retx(w1, asked, first, job.full_mask)
+        last = self.contribute(job, w1, [2] * c.LANES, **later)
         self.expect_result(job, last, [42] * c.LANES)
         self.assert_stats({(11, c.Stat.ABSORBED): 2, (11, c.Stat.RESULT): 2, (11, c.Stat.RETX): 1})
 

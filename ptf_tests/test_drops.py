@@ -64,10 +64,13 @@ class SlotOutOfRange(LhcTest):
 
 
 class SlotPastTheRegisters(LhcTest):
-    """A job entry that overruns the registers (slot_base + slot >= MAX_SLOTS) is guarded per packet."""
+    """A job entry that overruns the registers (slot_base + slot >= MAX_SLOTS) is guarded per packet.
+    Admission rejects such a job, so the entry is broken on purpose, after validation."""
 
     def runTest(self) -> None:
-        job = self.add_job(0x705, 1, job_index=J, slot_base=c.MAX_SLOTS - 2, slot_count=8)
+        job = self.add_job(
+            0x705, 1, job_index=J, slot_base=c.MAX_SLOTS - 2, slot_count=2, broken={"slot_count": 8}
+        )
         w0 = job.workers[0]
         last = self.contribute(job, w0, [4] * c.LANES, slot=1, seq=1)  # cell MAX_SLOTS - 1: fine
         self.expect_result(job, last, [4] * c.LANES)

@@ -101,15 +101,16 @@ class ReplicaWithoutRewriteDropped(LhcTest):
 
 class ResultEchoesTheFinishingPacket(LhcTest):
     """The result is the finishing packet rewritten: its seq, worker_id, ver and IPv4 TTL and TOS stay
-    (an lhc packet is not routed, so even TTL 1 aggregates); the bitmap a worker sent is replaced."""
+    (an lhc packet is not routed, so even TTL 1 aggregates); the bitmap a worker sent is replaced. (Both
+    packets carry the round's seq; the finishing one differs from the first in worker_id, TOS and TTL.)"""
 
     def runTest(self) -> None:
         job = self.add_job(0x123, 2, job_index=3)
         w0, w1 = job.workers
-        first = frames.data_frame(w0, job.header(w0, slot=5, ver=1, seq=41, bitmap=0xFFFF), [1] * c.LANES)
-        self.send(w0.port, frames.with_ip(first, ttl=1, tos=0x28))
+        first = frames.data_frame(w0, job.header(w0, slot=5, ver=1, seq=13, bitmap=0xFFFF), [1] * c.LANES)
+        self.send(w0.port, frames.with_ip(first, ttl=9, tos=0x10))
         self.wait_stats({(3, c.Stat.ABSORBED): 1})
-        last = job.header(w1, slot=5, ver=1, seq=42, bitmap=0xFFFF)
+        last = job.header(w1, slot=5, ver=1, seq=13, bitmap=0xFFFF)
         self.send(w1.port, frames.with_ip(frames.data_frame(w1, last, [2] * c.LANES), ttl=1, tos=0x28))
         copies = [
             (

@@ -86,12 +86,13 @@ def _reader(fields: list[tuple[int, str]]) -> struct.Struct:
 
 #: Every field the lhc path reads, in one unpack: ether_type, IPv4 version+ihl, total_len,
 #: flags+frag_offset, protocol, src, dst, UDP src/dst port, length, lhc byte 0, worker_id, job_id, slot,
-#: epoch.
+#: epoch, seq.
 _HEADERS = _reader([
     (ETH_TYPE, "H"), (FRAME_IPV4, "B"), (IP_TOTAL_LEN, "H"), (IP_FRAG, "H"), (IP_PROTO, "B"),
     (IP_SRC.start, "I"), (IP_DST.start, "I"), (UDP_SPORT.start, "H"), (UDP_DPORT.start, "H"),
     (UDP_LEN, "H"), (_BYTE0, "B"), (FRAME_LHC + HEADER_OFFSETS["worker_id"], "B"), (_JOB_ID, "H"),
     (FRAME_LHC + HEADER_OFFSETS["slot"], "H"), (FRAME_LHC + HEADER_OFFSETS["epoch"], "H"),
+    (FRAME_LHC + HEADER_OFFSETS["seq"], "I"),
 ])
 _IPV4_WORDS = struct.Struct(f"!{c.IPV4_BYTES // 2}H")
 _IP_CHECKSUM_WORD = (IP_CHECKSUM - FRAME_IPV4) // 2
@@ -105,6 +106,7 @@ _DROP_DUPLICATE, _DROP_MALFORMED = int(_S.DROP_DUPLICATE), int(_S.DROP_MALFORMED
 _DROP_BAD_TYPE, _DROP_BAD_OP = int(_S.DROP_BAD_TYPE), int(_S.DROP_BAD_OP)
 _DROP_UNKNOWN_JOB, _DROP_STALE_EPOCH = int(_S.DROP_UNKNOWN_JOB), int(_S.DROP_STALE_EPOCH)
 _DROP_SLOT_RANGE, _DROP_BAD_WORKER = int(_S.DROP_SLOT_RANGE), int(_S.DROP_BAD_WORKER)
+_DROP_STALE_ROUND = int(_S.DROP_STALE_ROUND)
 _DATA, _RESULT_TYPE = int(c.MsgType.DATA), int(c.MsgType.RESULT)
 _RESULT_RETX_TYPE = int(c.MsgType.RESULT_RETX)
 _OP_ADD, _OP_OR = int(c.Op.ADD), int(c.Op.OR)
@@ -154,6 +156,7 @@ ACTIONS: dict[str, tuple[tuple[str, int], ...]] = {
 STATS_COUNTER = "LhcIngress.lhc_stats"
 REGISTERS = {
     "LhcIngress.slot_epoch": 16,
+    "LhcIngress.slot_round": 32,
     "LhcIngress.slot_bitmap": 32,
     "LhcIngress.slot_remaining": 8,
     "LhcIngress.slot_values": 32,
@@ -233,6 +236,7 @@ class Pipeline:
 
         cells = p4info.register("LhcIngress.slot_epoch").size
         self.slot_epoch = np.zeros(cells, np.uint16)
+        self.slot_round = np.zeros(cells, np.uint32)
         self.slot_bitmap = np.zeros(cells, np.uint32)
         self.slot_remaining = np.zeros(cells, np.uint8)
         self.slot_values = np.zeros((cells, c.LANES), np.uint32)
@@ -242,6 +246,7 @@ class Pipeline:
         self.stats_bytes = np.zeros(stats, np.uint64)
         # Scalar views: indexing a memoryview returns a Python int, three times faster than numpy.
         self._epoch = memoryview(self.slot_epoch)
+        self._round = memoryview(self.slot_round)
         self._bitmap = memoryview(self.slot_bitmap)
         self._remaining = memoryview(self.slot_remaining)
         self._rows = list(self.slot_values)  # one view per cell, made once
@@ -260,8 +265,8 @@ class Pipeline:
         for table in self.tables.values():
             table.reset()
         self.pre.reset()
-        for array in (self.slot_epoch, self.slot_bitmap, self.slot_remaining, self.slot_values,
-                      self.stats_packets, self.stats_bytes):
+        for array in (self.slot_epoch, self.slot_round, self.slot_bitmap, self.slot_remaining,
+                      self.slot_values, self.stats_packets, self.stats_bytes):
             array.fill(0)
 
     # --- V1Switch ----------------------------------------------------------------------------------
@@ -313,7 +318,7 @@ class Pipeline:
         if error or level != _PAYLOAD_VALID:
             stat = _DROP_MALFORMED
         else:
-            (_, _, total_len, _, _, src, _, _, _, udp_len, byte0, worker_id, job_id, slot, epoch) = (
+            (_, _, total_len, _, _, src, _, _, _, udp_len, byte0, worker_id, job_id, slot, epoch, seq) = (
                 _HEADERS.unpack_from(rx)
             )
             flags = (byte0 >> _FLAGS_SHIFT) & _FLAGS_MASK
@@ -343,6 +348,8 @@ class Pipeline:
                             stat = self._aggregate(
                                 (slot_base + slot) * _SLOT_COPIES + ((byte0 >> _VER_SHIFT) & 1),
                                 epoch,
+                                seq,
+                                slot_count << 1,
                                 worker[1] if worker[0] == ADMIT_WORKER else 0,
                                 fan_in,
                                 byte0,
@@ -356,38 +363,36 @@ class Pipeline:
         elif stat == _RETX:
             self._egress(ingress_port, 0, True, length, emit)
 
-    def _aggregate(self, cell: int, epoch: int, worker_bit: int, fan_in: int, byte0: int) -> int:
-        """LhcIngress's ``@atomic`` block: lazy reset, duplicate check, first/ADD/OR, completion. Rewrites
-        the packet into a RESULT or RESULT_RETX when that is the outcome; returns the outcome (Stat)."""
-        epochs, bitmaps, remainings = self._epoch, self._bitmap, self._remaining
+    def _aggregate(self, cell: int, epoch: int, seq: int, step: int, worker_bit: int, fan_in: int,
+                   byte0: int) -> int:
+        """LhcIngress's ``@atomic`` block: lazy reset, round check, duplicate check, first/ADD/OR,
+        completion. ``step`` is 2 * slot_count: the distance in seq from a copy's round to its next one.
+        Rewrites the packet into a RESULT or RESULT_RETX when that is the outcome; returns the outcome."""
+        bitmaps, remainings, rounds = self._bitmap, self._remaining, self._round
         rx = self.rx
-        if epochs[cell] != epoch:  # lazy reset of this copy only
-            epochs[cell] = epoch
-            bitmaps[cell] = 0
-            remainings[cell] = 0
-            bitmap = remaining = 0
+        if self._epoch[cell] != epoch:  # lazy reset of this copy only: the packet starts its first round
+            self._epoch[cell] = epoch
+            starts = True
         else:
-            bitmap = bitmaps[cell]
             remaining = remainings[cell]
+            round_ = rounds[cell]
+            if seq == round_:
+                bitmap = bitmaps[cell]
+                if not remaining:  # a repeat of the finished round: answer it
+                    return self._retransmit(cell, bitmap, byte0)
+                if bitmap & worker_bit:
+                    return _DROP_DUPLICATE
+                starts = False
+            elif not remaining and seq == (round_ + step) & 0xFFFFFFFF:
+                starts = True
+            else:
+                return _DROP_STALE_ROUND
         row = self._rows[cell]
-        if bitmap & worker_bit:
-            if remaining:
-                return _DROP_DUPLICATE
-            # Duplicate of a finished copy: the stored result goes back to the sender.
-            self._payload[:] = row
-            rx[_BYTE0] = (_RESULT_RETX_TYPE << _TYPE_SHIFT) | (byte0 & _BYTE0_KEEP)
-            _U32.pack_into(rx, _BITMAP, bitmap)
-            rx[ETH_DST], rx[ETH_SRC] = rx[ETH_SRC], rx[ETH_DST]
-            rx[IP_SRC], rx[IP_DST] = rx[IP_DST], rx[IP_SRC]
-            rx[UDP_SPORT], rx[UDP_DPORT] = rx[UDP_DPORT], rx[UDP_SPORT]
-            _U16.pack_into(rx, UDP_CHECKSUM, 0)
-            return _RETX
-        other = cell ^ 1  # SLOT_COPIES == 2: the other shadow copy of the slot
-        bitmaps[other] = bitmaps[other] & ~worker_bit & 0xFFFFFFFF
-        if not remaining:  # first of a round: the packet's words become the value (and stay the payload)
+        if starts:  # first of a round: the packet's words become the value (and stay the payload)
             np.copyto(row, self._payload)
             bitmap = worker_bit
             remaining = (fan_in - 1) & 0xFF
+            rounds[cell] = seq
         else:
             if (byte0 >> _OP_SHIFT) & _OP_MASK == _OP_ADD:
                 np.add(row, self._payload, out=row)  # uint32: wraps mod 2^32
@@ -409,6 +414,18 @@ class Pipeline:
         rx[UDP_SPORT] = rx[UDP_DPORT]
         _U16.pack_into(rx, UDP_CHECKSUM, 0)
         return _RESULT
+
+    def _retransmit(self, cell: int, bitmap: int, byte0: int) -> int:
+        """A repeat of a finished round: the stored result goes back to the sender (RESULT_RETX)."""
+        rx = self.rx
+        self._payload[:] = self._rows[cell]
+        rx[_BYTE0] = (_RESULT_RETX_TYPE << _TYPE_SHIFT) | (byte0 & _BYTE0_KEEP)
+        _U32.pack_into(rx, _BITMAP, bitmap)
+        rx[ETH_DST], rx[ETH_SRC] = rx[ETH_SRC], rx[ETH_DST]
+        rx[IP_SRC], rx[IP_DST] = rx[IP_DST], rx[IP_SRC]
+        rx[UDP_SPORT], rx[UDP_DPORT] = rx[UDP_DPORT], rx[UDP_SPORT]
+        _U16.pack_into(rx, UDP_CHECKSUM, 0)
+        return _RETX
 
     # --- LhcIngress: everything else ---------------------------------------------------------------
     def _forward_ingress(self, length: int, level: int, emit: Emit) -> None:

@@ -1,64 +1,26 @@
 """P4Runtime updates and frames for one lhc job, from names: shared by softswitch's tests and benchmark.
 
-Deliberately independent of the controller and of ``lhc_ina.p4rt``: softswitch is tested against the raw
-protos, so a fault in a client cannot hide a fault in the server.
+A job is an ``lhc_ina.jobs.JobLayout`` and its entries come from ``job_entries``, the one validated
+function every job model goes through. Deliberately independent of the controller and of
+``lhc_ina.p4rt``: softswitch is tested against the raw protos, so a fault in a client cannot hide a fault
+in the server.
 """
 
 from __future__ import annotations
 
-import socket
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from p4.v1 import p4runtime_pb2 as p4v1
 
 from lhc_ina import constants as c
+from lhc_ina.jobs import SET_JOB, JobLayout, WorkerEndpoint, job_entries
 from lhc_ina.p4info import P4InfoIndex
 from lhc_ina.wire import LhcHeader, build_frame, pack_packet
 from softswitch.entities import canonical
 
 SWITCH_MAC = "02:00:00:00:00:fe"
 SWITCH_IP = "10.0.0.254"
-
-
-def ip_int(addr: str) -> int:
-    return int.from_bytes(socket.inet_aton(addr), "big")
-
-
-def mac_int(mac: str) -> int:
-    return int(mac.replace(":", ""), 16)
-
-
-@dataclass(frozen=True)
-class Worker:
-    """One worker: its rank's address and the switch port that reaches it."""
-
-    ip: str
-    udp_port: int
-    mac: str
-    switch_port: int
-
-
-@dataclass
-class Job:
-    """One admitted job, as the controller would install it."""
-
-    job_id: int
-    job_index: int
-    workers: list[Worker]
-    slot_base: int = 0
-    slot_count: int = 16
-    epoch: int = 1
-    mcast_grp: int = 0  # 0: job_index + 1
-    fan_in: int = 0  # 0: len(workers)
-
-    @property
-    def group(self) -> int:
-        return self.mcast_grp or self.job_index + 1
-
-    @property
-    def w(self) -> int:
-        return self.fan_in or len(self.workers)
 
 
 def table_entry(index: P4InfoIndex, table: str, match: dict[str, int | tuple[int, int]], action: str,
@@ -89,31 +51,32 @@ def update(kind: int, entity: p4v1.TableEntry | p4v1.MulticastGroupEntry) -> p4v
     return up
 
 
-def job_updates(index: P4InfoIndex, job: Job, kind: int = p4v1.Update.INSERT) -> list[p4v1.Update]:
-    """jobs, workers and replicas entries plus the multicast group of ``job``."""
-    updates = [update(kind, table_entry(
-        index, "LhcIngress.jobs", {"hdr.lhc.job_id": job.job_id}, "LhcIngress.set_job",
-        job_index=job.job_index, slot_base=job.slot_base, slot_count=job.slot_count, fan_in=job.w,
-        mcast_grp=job.group, epoch=job.epoch,
-    ))]
-    group = p4v1.MulticastGroupEntry(multicast_group_id=job.group)
-    for rank, worker in enumerate(job.workers):
-        updates.append(update(kind, table_entry(
-            index, "LhcIngress.workers",
-            {"hdr.lhc.job_id": job.job_id, "hdr.lhc.worker_id": rank, "hdr.ipv4.src_addr": ip_int(worker.ip)},
-            "LhcIngress.admit_worker", worker_bit=1 << rank,
-        )))
-        updates.append(update(kind, table_entry(
-            index, "LhcEgress.replicas", {"hdr.lhc.job_id": job.job_id, "standard_metadata.egress_rid": rank},
-            "LhcEgress.set_replica_dst", dst_mac=mac_int(worker.mac), dst_addr=ip_int(worker.ip),
-            dst_port=worker.udp_port,
-        )))
-        group.replicas.add(egress_port=worker.switch_port, instance=rank)
+def job_updates(index: P4InfoIndex, job: JobLayout, kind: int = p4v1.Update.INSERT, *,
+                broken: Mapping[str, int] | None = None) -> list[p4v1.Update]:
+    """The `jobs`, `workers` and `replicas` entries plus the multicast group of ``job``, as
+    ``lhc_ina.jobs.job_entries`` validates and describes them.
+
+    ``broken`` is the one escape hatch, for tests of what the data plane does with a table that breaks an
+    admission invariant: it overrides `set_job` parameters *after* validation (e.g. ``{"job_index":
+    MAX_JOBS}``), so a broken entry is always explicit at the call site."""
+    entries = job_entries(job)
+    updates = []
+    for spec in entries.tables:
+        params = dict(spec.params)
+        if spec.action == SET_JOB and broken:
+            unknown = set(broken) - set(params)
+            if unknown:
+                raise ValueError(f"set_job has no parameters {sorted(unknown)}")
+            params.update(broken)
+        updates.append(update(kind, table_entry(index, spec.table, dict(spec.match), spec.action, **params)))
+    group = p4v1.MulticastGroupEntry(multicast_group_id=entries.group.group_id)
+    for port, rank in entries.group.replicas:
+        group.replicas.add(egress_port=port, instance=rank)
     updates.append(update(kind, group))
     return updates
 
 
-def data_packet(job: Job, rank: int, words: np.ndarray | list[int], *, slot: int = 0, ver: int = 0,
+def data_packet(job: JobLayout, rank: int, words: np.ndarray | list[int], *, slot: int = 0, ver: int = 0,
                 seq: int = 0, op: int = c.Op.ADD, **header: int) -> bytes:
     """The lhc bytes (header + LANES words) of worker ``rank``'s DATA packet."""
     fields = {"msg_type": c.MsgType.DATA, "op": op, "ver": ver, "worker_id": rank, "job_id": job.job_id,
@@ -121,7 +84,7 @@ def data_packet(job: Job, rank: int, words: np.ndarray | list[int], *, slot: int
     return pack_packet(LhcHeader(**fields), words)
 
 
-def data_frame(job: Job, rank: int, words: np.ndarray | list[int], *, src_ip: str | None = None,
+def data_frame(job: JobLayout, rank: int, words: np.ndarray | list[int], *, src_ip: str | None = None,
                dst_port: int = c.UDP_PORT_BASE, **kwargs: int) -> bytes:
     """The Ethernet frame of ``data_packet``, from the worker's address to the switch's."""
     worker = job.workers[rank]
@@ -131,11 +94,22 @@ def data_frame(job: Job, rank: int, words: np.ndarray | list[int], *, src_ip: st
     )
 
 
-def make_job(job_id: int, job_index: int, workers: int, *, first_port: int = 1, **kwargs: int) -> Job:
-    """A job of ``workers`` ranks at 10.<job_index>.0.<rank+1>, rank r behind switch port first_port + r."""
-    members = [
-        Worker(f"10.{job_index}.0.{rank + 1}", 40000 + rank, f"02:00:00:{job_index:02x}:00:{rank + 1:02x}",
-               first_port + rank)
-        for rank in range(workers)
-    ]
-    return Job(job_id, job_index, members, **kwargs)
+def position(job: JobLayout, p: int) -> dict[str, int]:
+    """Where packet ``p`` of the job's stream goes (docs/protocol.md): slot, copy and seq."""
+    return {"slot": p % job.slot_count, "ver": (p // job.slot_count) % 2, "seq": p & 0xFFFFFFFF}
+
+
+def make_job(job_id: int, job_index: int, workers: int | Sequence[WorkerEndpoint], *, first_port: int = 1,
+             slot_base: int = 0, slot_count: int = 16, epoch: int = 1, mcast_grp: int = 0,
+             fan_in: int = 0) -> JobLayout:
+    """A job; ``workers`` is a list of endpoints (in rank order) or a count: rank r at
+    10.<job_index>.0.<r+1>, behind switch port first_port + r. ``mcast_grp`` 0 means job_index + 1."""
+    if isinstance(workers, int):
+        workers = [
+            WorkerEndpoint(rank, f"10.{job_index}.0.{rank + 1}", 40000 + rank,
+                           f"02:00:00:{job_index:02x}:00:{rank + 1:02x}", first_port + rank)
+            for rank in range(workers)
+        ]
+    return JobLayout(job_id=job_id, job_index=job_index, slot_base=slot_base, slot_count=slot_count,
+                     epoch=epoch, mcast_grp=mcast_grp or job_index + 1, workers=tuple(workers),
+                     fan_in=fan_in)

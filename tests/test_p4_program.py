@@ -225,6 +225,7 @@ def test_p4info_ids_follow_p4c_scheme(p4info: P4InfoIndex) -> None:
 def test_sizes_follow_the_constants(v1model: P4Program) -> None:
     slot_cells = c.MAX_SLOTS * c.SLOT_COPIES
     assert v1model.registers["LhcIngress.slot_epoch"] == (16, slot_cells)
+    assert v1model.registers["LhcIngress.slot_round"] == (32, slot_cells)  # seq is 32 bits
     assert v1model.registers["LhcIngress.slot_bitmap"] == (c.MAX_WORKERS, slot_cells)
     assert v1model.registers["LhcIngress.slot_remaining"] == (8, slot_cells)
     assert v1model.registers["LhcIngress.slot_values"] == (32, slot_cells * c.LANES)
@@ -306,8 +307,12 @@ def test_every_stat_is_used(v1model_text: str) -> None:
 
 # --- docs/switch.md (the contract) against the P4Info --------------------------------------------------
 def _contract_rows() -> list[list[str]]:
+    """The rows of the entity table in docs/switch.md's "Names (P4Info)" section."""
+    text = SWITCH_MD.read_text()
+    section = text[text.index("## Names (P4Info)") :]
+    section = section[: section.index("\n## ", 1)]
     rows = []
-    for line in SWITCH_MD.read_text().splitlines():
+    for line in section.splitlines():
         if line.startswith("| `"):
             rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
     return rows

@@ -29,7 +29,8 @@ FIELD_MEANING = {
     "job_id": "the job, as admitted by the controller",
     "slot": "job-relative aggregator slot, `< slot_count` of the job",
     "epoch": "the job's generation; unique per admission",
-    "seq": "sender's chunk number; echoed in results",
+    "seq": "packet number `p` of the job's stream mod 2^32, continuous within an epoch; names the round; "
+    "echoed in results",
     "bitmap": "DATA: 0, ignored; results: the workers whose contributions the result holds",
 }
 
@@ -48,8 +49,8 @@ OP_MEANING = {
 STAT_MEANING = {
     "ABSORBED": "a new contribution, not the last: combined into the slot copy and dropped",
     "RESULT": "the last contribution: the packet became the result and was multicast",
-    "RETX": "a repeat of a finished copy's contribution: RESULT_RETX unicast to the sender",
-    "DROP_DUPLICATE": "a repeat while the copy still aggregates: dropped",
+    "RETX": "a repeat of the copy's finished round (same `seq`): RESULT_RETX unicast to the sender",
+    "DROP_DUPLICATE": "a repeat while the copy's round still aggregates: dropped",
     "DROP_MALFORMED": "truncated, wrong UDP or IPv4 length (fewer or more lanes), or `flags != 0`",
     "DROP_BAD_TYPE": "`msg_type` is not DATA",
     "DROP_BAD_OP": "`op` is not an `Op`",
@@ -57,6 +58,8 @@ STAT_MEANING = {
     "DROP_STALE_EPOCH": "`epoch` is not the job's current one",
     "DROP_SLOT_RANGE": "`slot >= slot_count`, or past the switch's `MAX_SLOTS`",
     "DROP_BAD_WORKER": "(job, `worker_id`, IPv4 source) not admitted: unknown worker or spoofed address",
+    "DROP_STALE_ROUND": "`seq` is neither the copy's round nor its next one (`round + 2 * slot_count`): "
+    "a delayed packet",
 }
 
 

@@ -6,6 +6,7 @@ Each test configures tables through ``Entities`` (the P4Runtime write path) and 
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import numpy as np
@@ -13,18 +14,19 @@ import pytest
 
 from lhc_ina import constants as c
 from lhc_ina import wire
+from lhc_ina.jobs import JobLayout
+from lhc_ina.jobs import ip_to_int as ip_int
+from lhc_ina.jobs import mac_to_int as mac_int
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.entities import Entities
 from softswitch.pipeline import Pipeline, PipelineMismatch
 from softswitch.testing import (
     SWITCH_IP,
     SWITCH_MAC,
-    Job,
     data_frame,
-    ip_int,
     job_updates,
-    mac_int,
     make_job,
+    position,
     table_entry,
     update,
 )
@@ -41,7 +43,7 @@ def switch() -> tuple[Pipeline, Entities]:
     return pipeline, Entities(pipeline, INDEX.p4info)
 
 
-def install(switch: tuple[Pipeline, Entities], job: Job) -> None:
+def install(switch: tuple[Pipeline, Entities], job: JobLayout) -> None:
     for up in job_updates(INDEX, job):
         switch[1].write(up)
 
@@ -61,7 +63,7 @@ def parse(frame: bytes) -> tuple[bytes, bytes, bytes, bytes, int, int, wire.LhcH
     return frame[0:6], frame[6:12], ip[12:16], ip[16:20], sport, dport, header, payload
 
 
-def aggregate(pipeline: Pipeline, job: Job, contributions: list[np.ndarray], **kwargs: int) -> list:
+def aggregate(pipeline: Pipeline, job: JobLayout, contributions: list[np.ndarray], **kwargs: int) -> list:
     """Every rank sends its words; the outputs of the last packet (earlier ones must be absorbed)."""
     for rank, value in enumerate(contributions):
         out = pipeline.inject(data_frame(job, rank, value, **kwargs), job.workers[rank].switch_port)
@@ -170,25 +172,30 @@ def test_both_copies_and_slot_reuse(switch):
     r0 = [words(), words()]
     r1 = [words(), words()]
     r2 = [words(), words()]
-    np.testing.assert_array_equal(parse(aggregate(pipeline, job, r0, ver=0)[0][1])[7], r0[0] + r0[1])
-    np.testing.assert_array_equal(parse(aggregate(pipeline, job, r1, ver=1)[0][1])[7], r1[0] + r1[1])
-    # Copy 0 is reused for a new round: its old value is overwritten, not added to.
-    np.testing.assert_array_equal(parse(aggregate(pipeline, job, r2, ver=0)[0][1])[7], r2[0] + r2[1])
+    s = job.slot_count  # packets 0, S and 2S: slot 0 on copy 0, copy 1, then copy 0 again
+    for p, values in ((0, r0), (s, r1), (2 * s, r2)):
+        # Copy 0's second round overwrites its old value; it does not add to it.
+        out = aggregate(pipeline, job, values, **position(job, p))
+        np.testing.assert_array_equal(parse(out[0][1])[7], values[0] + values[1])
     cell = 0 * c.SLOT_COPIES
     assert pipeline.slot_bitmap[cell] == 3 and pipeline.slot_remaining[cell] == 0
-    assert pipeline.slot_bitmap[cell + 1] == 0  # both workers moved on from copy 1: it owes nobody
+    assert pipeline.slot_round[cell] == 2 * s
+    assert pipeline.slot_bitmap[cell + 1] == 3  # copy 1 keeps its finished round's contributors
 
 
-def test_new_contribution_clears_the_workers_bit_in_the_other_copy(switch):
+def test_a_finished_copy_still_answers_after_the_others_moved_on(switch):
     pipeline, _ = switch
     job = make_job(1, 1, 2)
     install(switch, job)
-    aggregate(pipeline, job, [words(), words()], ver=0)
-    pipeline.inject(data_frame(job, 0, words(), ver=1), 1)
-    assert pipeline.slot_bitmap[0] == 0b10 and pipeline.slot_bitmap[1] == 0b01
-    # Worker 1 still asks copy 0 for its result: served, since copy 0 is finished and owes it one.
+    a, b = words(), words()
+    aggregate(pipeline, job, [a, b], ver=0)
+    pipeline.inject(data_frame(job, 0, words(), **position(job, job.slot_count)), 1)
+    assert pipeline.slot_bitmap[0] == 0b11 and pipeline.slot_bitmap[1] == 0b01
+    # Worker 1 lost result 0 and asks copy 0 again: served with the round's contributors.
     out = pipeline.inject(data_frame(job, 1, words(), ver=0), 2)
-    assert parse(out[0][1])[6].msg_type == c.MsgType.RESULT_RETX
+    header, payload = parse(out[0][1])[6:]
+    assert (header.msg_type, header.bitmap) == (c.MsgType.RESULT_RETX, 0b11)
+    np.testing.assert_array_equal(payload, a + b)
 
 
 def test_new_epoch_resets_lazily_and_stale_epoch_is_dropped(switch):
@@ -196,7 +203,7 @@ def test_new_epoch_resets_lazily_and_stale_epoch_is_dropped(switch):
     job = make_job(1, 1, 2, epoch=5)
     install(switch, job)
     pipeline.inject(data_frame(job, 0, words()), 1)  # half a round at epoch 5
-    job.epoch = 6
+    job = dataclasses.replace(job, epoch=6)
     entities.write(job_updates(INDEX, job, kind=2)[0])  # MODIFY the jobs entry: new epoch
     a, b = words(), words()
     out = aggregate(pipeline, job, [a, b])
@@ -227,7 +234,7 @@ def test_two_jobs_in_disjoint_slot_ranges_never_interfere(switch):
 
 
 # --- drops, each counted by reason -----------------------------------------------------------------
-def _lhc(job: Job, **header: int) -> bytes:
+def _lhc(job: JobLayout, **header: int) -> bytes:
     return data_frame(job, 0, words(), **header)
 
 
@@ -298,8 +305,10 @@ def test_slot_out_of_range_is_dropped_in_the_jobs_row(switch):
     job = make_job(1, 1, 2, slot_count=4)
     install(switch, job)
     assert pipeline.inject(_lhc(job, slot=4), 1) == []
-    edge = make_job(2, 2, 2, slot_base=c.MAX_SLOTS - 2, slot_count=8)  # base + slot past the registers
-    install(switch, edge)
+    # A broken entry on purpose: base + slot runs past the registers, which the data plane guards too.
+    edge = make_job(2, 2, 2, slot_base=c.MAX_SLOTS - 2, slot_count=2)
+    for up in job_updates(INDEX, edge, broken={"slot_count": 8}):
+        switch[1].write(up)
     assert pipeline.inject(_lhc(edge, slot=1), 1) == []
     assert pipeline.inject(_lhc(edge, slot=2), 1) == []
     assert pipeline.stats(1) == {"DROP_SLOT_RANGE": 1}
@@ -344,8 +353,9 @@ def test_multicast_group_0_sends_one_copy_to_port_0_as_bmv2(switch):
 
 def test_job_index_past_the_counter_counts_nothing_but_aggregates(switch):
     pipeline, _ = switch
-    job = make_job(1, c.MAX_JOBS, 2)
-    install(switch, job)
+    job = make_job(1, 1, 2)
+    for up in job_updates(INDEX, job, broken={"job_index": c.MAX_JOBS}):  # a broken entry on purpose
+        switch[1].write(up)
     assert len(aggregate(pipeline, job, [words(), words()])) == 2
     assert pipeline.stats_packets.sum() == 0
 

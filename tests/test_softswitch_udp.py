@@ -19,10 +19,11 @@ from p4.v1 import p4runtime_pb2_grpc
 
 from lhc_ina import constants as c
 from lhc_ina import wire
+from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.cli import READY
 from softswitch.ports import PortSpec, UdpPort, parse_port_specs
-from softswitch.testing import Job, Worker, data_packet, job_updates
+from softswitch.testing import data_packet, job_updates, make_job, position
 
 INDEX = P4InfoIndex.from_file()
 RNG = np.random.default_rng(11)
@@ -81,26 +82,31 @@ def switch() -> Iterator[Softswitch]:
         sw.stop()
 
 
-def workers_socket(n: int) -> tuple[socket.socket, list[Worker]]:
-    """One socket for ``n`` workers (the switch tells them apart by worker_id)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(3)
-    port = sock.getsockname()[1]
-    return sock, [Worker("127.0.0.1", port, "02:00:00:00:00:01", 1) for _ in range(n)]
+def worker_sockets(n: int) -> tuple[list[socket.socket], list[WorkerEndpoint]]:
+    """One socket per rank on loopback: a rank receives its results where it sends from."""
+    socks, endpoints = [], []
+    for rank in range(n):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(3)
+        socks.append(sock)
+        endpoints.append(WorkerEndpoint(rank, "127.0.0.1", sock.getsockname()[1], "02:00:00:00:00:01", 1))
+    return socks, endpoints
 
 
-def round_trip(sw: Softswitch, sock: socket.socket, job: Job, slot: int, ver: int) -> np.ndarray:
-    """One aggregation round; checks every copy and returns the expected sum."""
+def round_trip(sw: Softswitch, socks: list[socket.socket], job: JobLayout, p: int) -> np.ndarray:
+    """Packet ``p`` of every rank (one aggregation round); checks every copy and returns the sum."""
+    at = position(job, p)
     values = [RNG.integers(0, 1 << 32, c.LANES, dtype=np.uint64).astype(np.uint32) for _ in job.workers]
     for rank, value in enumerate(values):
-        sock.sendto(data_packet(job, rank, value, slot=slot, ver=ver, seq=slot), sw.address)
+        socks[rank].sendto(data_packet(job, rank, value, **at), sw.address)
     expected = (np.sum(values, axis=0, dtype=np.uint64) % (1 << 32)).astype(np.uint32)
-    for _ in job.workers:
+    for sock in socks:
         data, source = sock.recvfrom(2048)
         header, words = wire.unpack_packet(data)
         assert source == sw.address and header.msg_type == c.MsgType.RESULT
-        assert (header.slot, header.ver, header.bitmap) == (slot, ver, (1 << len(job.workers)) - 1)
+        assert (header.slot, header.ver, header.seq, header.bitmap) == (
+            at["slot"], at["ver"], at["seq"], (1 << len(job.workers)) - 1)
         np.testing.assert_array_equal(words, expected)
     return expected
 
@@ -108,22 +114,23 @@ def round_trip(sw: Softswitch, sock: socket.socket, job: Job, slot: int, ver: in
 def test_ready_line_aggregation_over_udp_and_clean_sigterm(switch):
     assert switch.line.startswith(f"{READY} grpc=127.0.0.1:")
     assert f"ports=1@{switch.host}:19520/udp" in switch.line
-    sock, workers = workers_socket(4)
-    job = Job(job_id=3, job_index=2, workers=workers, slot_count=8, epoch=9)
+    socks, workers = worker_sockets(4)
+    job = make_job(3, 2, workers, slot_count=8, epoch=9)
     switch.stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(INDEX, job)))
-    for i in range(6):
-        round_trip(switch, sock, job, slot=i % 8, ver=(i // 8) & 1)
+    for p in range(6):
+        round_trip(switch, socks, job, p)
     # A retransmission after completion comes back unicast as RESULT_RETX.
-    sock.sendto(data_packet(job, 1, np.zeros(c.LANES, np.uint32), slot=5, seq=5), switch.address)
-    header, _ = wire.unpack_packet(sock.recvfrom(2048)[0])
+    socks[1].sendto(data_packet(job, 1, np.zeros(c.LANES, np.uint32), slot=5, seq=5), switch.address)
+    header, _ = wire.unpack_packet(socks[1].recvfrom(2048)[0])
     assert (header.msg_type, header.worker_id) == (c.MsgType.RESULT_RETX, 1)
     assert switch.counters()[2, : c.Stat.DROP_DUPLICATE].tolist() == [18, 6, 1]
     code, err = switch.stop()
     assert code == 0 and "frames received, 0 raised" in err
-    sock.close()
+    for sock in socks:
+        sock.close()
 
 
-def _garbage(job: Job, worker_ids: int) -> bytes:
+def _garbage(job: JobLayout, worker_ids: int) -> bytes:
     """One hostile datagram: random bytes, or a DATA packet of the job with one thing wrong."""
     kind = RNG.integers(0, 8)
     if kind == 0:
@@ -143,17 +150,16 @@ def _garbage(job: Job, worker_ids: int) -> bytes:
     elif kind == 6:
         valid[6:8] = (job.epoch + 1).to_bytes(2, "big")  # stale epoch
     else:
-        valid[1] = int(RNG.integers(job.w, 256))  # unknown worker
+        valid[1] = int(RNG.integers(job.world_size, 256))  # unknown worker
     return bytes(valid)
 
 
 @pytest.mark.timeout(60)
 def test_fuzz_leaves_the_job_exact_and_other_state_unchanged(switch):
     """Bounded: 3000 hostile datagrams interleaved with 40 rounds, a few seconds in all."""
-    sock, workers = workers_socket(3)
-    job = Job(job_id=5, job_index=4, workers=workers, slot_count=4, slot_base=8, epoch=2)
-    bystander = Job(job_id=6, job_index=5, workers=workers, slot_count=4, slot_base=100, epoch=1,
-                    mcast_grp=77)
+    socks, workers = worker_sockets(3)
+    job = make_job(5, 4, workers, slot_count=4, slot_base=8, epoch=2)
+    bystander = make_job(6, 5, workers, slot_count=4, slot_base=100, epoch=1, mcast_grp=77)
     switch.stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(INDEX, job) + job_updates(
         INDEX, bystander)))
     everything = p4v1.Entity()
@@ -162,11 +168,11 @@ def test_fuzz_leaves_the_job_exact_and_other_state_unchanged(switch):
     attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     attacker.bind(("127.0.0.1", 0))
     deadline = time.monotonic() + 20
-    for i in range(40):
+    for p in range(40):
         assert time.monotonic() < deadline
         for _ in range(75):
             attacker.sendto(_garbage(job, 8), switch.address)
-        round_trip(switch, sock, job, slot=i % 4, ver=(i // 4) & 1)
+        round_trip(switch, socks, job, p)
     assert switch.read(everything) == tables_before
     counters = switch.counters()
     assert counters[5].sum() == 0  # the bystander job saw nothing
@@ -178,10 +184,11 @@ def test_fuzz_leaves_the_job_exact_and_other_state_unchanged(switch):
     assert set(np.flatnonzero(counters[0])) <= {
         c.Stat.DROP_MALFORMED, c.Stat.DROP_BAD_TYPE, c.Stat.DROP_BAD_OP, c.Stat.DROP_UNKNOWN_JOB}
     # Still up and still exact for the bystander, whose slots nothing touched.
-    round_trip(switch, sock, bystander, slot=0, ver=0)
+    round_trip(switch, socks, bystander, 0)
     code, err = switch.stop()
     assert code == 0 and "frames received, 0 raised" in err and "Traceback" not in err
-    sock.close()
+    for sock in socks:
+        sock.close()
     attacker.close()
 
 

@@ -41,6 +41,7 @@ const bit<8> IP_PROTO_UDP = 17;
 #define LHC_STAT_DROP_STALE_EPOCH 32w8
 #define LHC_STAT_DROP_SLOT_RANGE 32w9
 #define LHC_STAT_DROP_BAD_WORKER 32w10
+#define LHC_STAT_DROP_STALE_ROUND 32w11
 
 // The lhc header, in wire order (big-endian, no padding).
 header lhc_t {

@@ -65,6 +65,7 @@ control LhcIngress(inout lhc_headers_t hdr,
 
     // Per slot copy, cell = (slot_base + slot) * SLOT_COPIES + ver.
     register<bit<16>>(LHC_SLOT_CELLS) slot_epoch;
+    register<bit<32>>(LHC_SLOT_CELLS) slot_round;  // seq of the round the copy holds (docs/switch.md)
     register<bit<32>>(LHC_SLOT_CELLS) slot_bitmap;
     register<bit<8>>(LHC_SLOT_CELLS) slot_remaining;
     // Per slot copy and lane: cell * LANES + lane.
@@ -186,49 +187,60 @@ control LhcIngress(inout lhc_headers_t hdr,
                 @atomic {
                     bit<32> cell = ((bit<32>)meta.slot_base + (bit<32>)hdr.lhc.slot) * LHC_SLOT_COPIES
                                    + (bit<32>)hdr.lhc.ver;
-                    bit<32> other = cell ^ 1;  // SLOT_COPIES == 2: the other shadow copy
                     bit<32> vbase = cell * LHC_LANES;
                     bit<16> cell_epoch = 0;
+                    bit<32> round = 0;
                     bit<32> bitmap = 0;
                     bit<8> remaining = 0;
+                    bool contributes = true;  // the packet joins the copy's round or starts one
+                    bool starts = false;      // ... starts one: its words become the value
                     slot_epoch.read(cell_epoch, cell);
                     if (cell_epoch != hdr.lhc.epoch) {
-                        // Lazy reset of this copy; the other copy resets on its own epoch check.
+                        // Lazy reset of this copy; the other copy resets on its own epoch check. The
+                        // first packet of an epoch to reach a copy can only be of its first round.
                         slot_epoch.write(cell, hdr.lhc.epoch);
-                        slot_bitmap.write(cell, 0);
-                        slot_remaining.write(cell, 0);
+                        starts = true;
                     } else {
+                        slot_round.read(round, cell);
                         slot_bitmap.read(bitmap, cell);
                         slot_remaining.read(remaining, cell);
-                    }
-                    if ((bitmap & meta.worker_bit) != 0) {
-                        if (remaining == 0) {
-                            // Duplicate of a finished copy: send the result back to the sender.
-                            LHC_FOR_EACH_LANE(LHC_READ_LANE)
-                            hdr.lhc.msg_type = LHC_TYPE_RESULT_RETX;
-                            hdr.lhc.bitmap = bitmap;
-                            bit<48> mac = hdr.ethernet.src_addr;
-                            hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
-                            hdr.ethernet.dst_addr = mac;
-                            bit<32> addr = hdr.ipv4.src_addr;
-                            hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
-                            hdr.ipv4.dst_addr = addr;
-                            bit<16> port = hdr.udp.src_port;
-                            hdr.udp.src_port = hdr.udp.dst_port;
-                            hdr.udp.dst_port = port;
-                            hdr.udp.checksum = 0;
-                            standard_metadata.egress_spec = standard_metadata.ingress_port;
-                            stat = LHC_STAT_RETX;
+                        if (hdr.lhc.seq == round) {
+                            if (remaining == 0) {
+                                // A repeat of the finished round: send the result back to the sender.
+                                contributes = false;
+                                LHC_FOR_EACH_LANE(LHC_READ_LANE)
+                                hdr.lhc.msg_type = LHC_TYPE_RESULT_RETX;
+                                hdr.lhc.bitmap = bitmap;
+                                bit<48> mac = hdr.ethernet.src_addr;
+                                hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+                                hdr.ethernet.dst_addr = mac;
+                                bit<32> addr = hdr.ipv4.src_addr;
+                                hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+                                hdr.ipv4.dst_addr = addr;
+                                bit<16> port = hdr.udp.src_port;
+                                hdr.udp.src_port = hdr.udp.dst_port;
+                                hdr.udp.dst_port = port;
+                                hdr.udp.checksum = 0;
+                                standard_metadata.egress_spec = standard_metadata.ingress_port;
+                                stat = LHC_STAT_RETX;
+                            } else if ((bitmap & meta.worker_bit) != 0) {
+                                contributes = false;
+                                stat = LHC_STAT_DROP_DUPLICATE;
+                            }
+                        } else if (remaining == 0
+                                && hdr.lhc.seq == round + ((bit<32>)meta.slot_count << 1)) {
+                            // The copy's next round (2 * slot_count packets on): it reuses the copy.
+                            starts = true;
                         } else {
-                            stat = LHC_STAT_DROP_DUPLICATE;
+                            // Neither the copy's round nor its next one: a delayed packet.
+                            contributes = false;
+                            stat = LHC_STAT_DROP_STALE_ROUND;
                         }
-                    } else {
-                        // The worker holds the other copy's result: that copy no longer owes it one.
-                        bit<32> other_bitmap = 0;
-                        slot_bitmap.read(other_bitmap, other);
-                        slot_bitmap.write(other, other_bitmap & ~meta.worker_bit);
-                        if (remaining == 0) {
+                    }
+                    if (contributes) {
+                        if (starts) {
                             LHC_FOR_EACH_LANE(LHC_FIRST_LANE)
+                            slot_round.write(cell, hdr.lhc.seq);
                             bitmap = meta.worker_bit;
                             remaining = meta.fan_in - 1;
                         } else if (hdr.lhc.op == LHC_OP_ADD) {
