@@ -85,3 +85,12 @@ clean:
 .PHONY: ptf
 ptf: venv
 	$(PY) -m ptf_tests.run --target $(TARGET)
+
+# The controller's job service stubs, committed. grpcio-tools 1.49.1's protoc writes code the pinned
+# protobuf 3.20 runtime loads (newer ones need protobuf >= 4); it runs in its own throwaway venv.
+.PHONY: controller-stubs
+controller-stubs:
+	test -x build/stubs-venv/bin/python || $(PYTHON) -m venv build/stubs-venv
+	build/stubs-venv/bin/pip install -q grpcio-tools==1.49.1
+	build/stubs-venv/bin/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
+		controller/jobservice.proto

@@ -24,7 +24,7 @@ import ipaddress
 import queue
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,7 +293,7 @@ def to_entity(message: Any) -> p4runtime_pb2.Entity:
 @dataclass(frozen=True)
 class DecodedTableEntry:
     """A table entry in names and ints. Match values: exact/optional → int, lpm → (value, prefix_len),
-    ternary → (value, mask), range → (low, high)."""
+    ternary → (value, mask), range → (low, high). Hashable, so entries read back diff as sets."""
 
     table: str
     match: dict[str, Any]
@@ -301,6 +301,10 @@ class DecodedTableEntry:
     params: dict[str, int] = field(default_factory=dict)
     priority: int = 0
     is_default_action: bool = False
+
+    def __hash__(self) -> int:
+        return hash((self.table, tuple(sorted(self.match.items())), self.action,
+                     tuple(sorted(self.params.items())), self.priority, self.is_default_action))
 
 
 def decode_table_entry(p4info: P4InfoIndex, entry: p4runtime_pb2.TableEntry) -> DecodedTableEntry:
@@ -440,6 +444,11 @@ class P4RuntimeClient:
         self._stream: Any = None
         self._reader: threading.Thread | None = None
         self._primary = False
+        #: Called with ``True``/``False`` whenever the device says this client is (no longer) primary.
+        self.on_arbitration: Callable[[bool], None] | None = None
+        #: Called with the error when the StreamChannel ends without ``close``: the device went away (or
+        #: dropped this client), primaryship is lost and a new ``connect`` is needed.
+        self.on_stream_lost: Callable[[BaseException], None] | None = None
 
     # -- connection --
     def __enter__(self) -> P4RuntimeClient:
@@ -449,11 +458,12 @@ class P4RuntimeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def connect(self, *, require_primary: bool = True) -> P4RuntimeClient:
+    def connect(self, *, require_primary: bool = True, arbitrate: bool = True) -> P4RuntimeClient:
         """Open the channel and send the arbitration; raises ``P4RuntimeError`` if the device is
         unreachable or, with ``require_primary``, if another controller holds a higher election id.
         Without it the client stays connected as a backup (``is_primary`` tells which; a backup may read
-        but not write)."""
+        but not write). With ``arbitrate`` False no stream is opened at all: a read-only observer that
+        never takes part in the election."""
         self._requests = queue.Queue()
         self._arbitration = queue.Queue()
         self._primary = False
@@ -466,6 +476,8 @@ class P4RuntimeClient:
                 "connect", grpc.StatusCode.UNAVAILABLE, f"no P4Runtime server at {self.address}"
             ) from None
         self._stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
+        if not arbitrate:
+            return self
         self._stream = self._stub.StreamChannel(self._request_iterator())
         self._reader = threading.Thread(target=self._read_stream, name="p4rt-stream", daemon=True)
         self._reader.start()
@@ -500,9 +512,10 @@ class P4RuntimeClient:
     def close(self) -> None:
         """End the stream (giving up primaryship) and the channel. Safe to call twice."""
         self._requests.put(None)
+        self._primary = False
         if self._stream is not None:
-            self._stream.cancel()
-            self._stream = None
+            stream, self._stream = self._stream, None
+            stream.cancel()
         if self._reader is not None:
             self._reader.join(timeout=2)
             self._reader = None
@@ -524,15 +537,27 @@ class P4RuntimeClient:
 
     def _read_stream(self) -> None:
         """Track arbitration messages (the device sends one to each client whenever the primary changes);
-        other stream messages (packet-in, digests) are not used here."""
+        other stream messages (packet-in, digests) are not used here. A stream that ends, other than by
+        ``close``, takes primaryship with it: ``is_primary`` turns False and ``on_stream_lost`` is told."""
+        stream = self._stream
+        lost: BaseException = ConnectionError(f"{self.address}: the device ended the stream")
         try:
-            for response in self._stream:
+            for response in stream:
                 if response.WhichOneof("update") == "arbitration":
-                    self._primary = response.arbitration.status.code == code_pb2.OK
+                    primary = response.arbitration.status.code == code_pb2.OK
+                    changed = primary != self._primary
+                    self._primary = primary
                     self._arbitration.put(response)
+                    if changed and self.on_arbitration is not None:
+                        self.on_arbitration(primary)
         except grpc.RpcError as error:
-            if error.code() != grpc.StatusCode.CANCELLED:
-                self._arbitration.put(error)
+            if error.code() == grpc.StatusCode.CANCELLED and self._stream is not stream:
+                return  # close() cancelled it
+            lost = error
+        self._primary = False
+        self._arbitration.put(lost)
+        if self._stream is stream and self.on_stream_lost is not None:
+            self.on_stream_lost(lost)
 
     @property
     def stub(self) -> p4runtime_pb2_grpc.P4RuntimeStub:
@@ -546,16 +571,25 @@ class P4RuntimeClient:
         return self.entities
 
     # -- pipeline --
-    def set_pipeline(self, p4info: P4InfoIndex, device_config: bytes = b"") -> None:
+    def set_pipeline(
+        self,
+        p4info: P4InfoIndex,
+        device_config: bytes = b"",
+        *,
+        cookie: int | None = None,
+        action: int = p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
+    ) -> None:
         """Install the program: its P4Info and the target's device config (BMv2: the JSON; softswitch:
-        nothing). Afterwards entities are built against this P4Info."""
+        nothing; Tofino: PI's device data, see ``lhc_ina.tofino``). ``cookie`` tags this push, so a later
+        ``get_pipeline`` tells whether the device still runs it; RECONCILE_AND_COMMIT keeps the forwarding
+        state where the device can. Afterwards entities are built against this P4Info."""
         request = p4runtime_pb2.SetForwardingPipelineConfigRequest(
-            device_id=self.device_id,
-            election_id=self.election_id,
-            action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT,
+            device_id=self.device_id, election_id=self.election_id, action=action
         )
         request.config.p4info.CopyFrom(p4info.p4info)
         request.config.p4_device_config = device_config
+        if cookie is not None:
+            request.config.cookie.cookie = cookie
         try:
             self.stub.SetForwardingPipelineConfig(request, timeout=self.timeout)
         except grpc.RpcError as error:
@@ -575,27 +609,50 @@ class P4RuntimeClient:
             raise P4RuntimeError.from_rpc("GetForwardingPipelineConfig", error) from error
         return reply.config.p4info
 
-    # -- writes --
-    def write(self, updates: Iterable[p4runtime_pb2.Update]) -> None:
-        """Send updates in batches of ``batch_size`` (CONTINUE_ON_ERROR: a batch applies what it can; the
-        error lists each failing update by its index in its batch)."""
-        batch: list[p4runtime_pb2.Update] = []
-        for update in updates:
-            batch.append(update)
-            if len(batch) == self.batch_size:
-                self._write_batch(batch)
-                batch = []
-        if batch:
-            self._write_batch(batch)
+    def get_pipeline(self) -> tuple[p4info_pb2.P4Info, int | None] | None:
+        """The device's P4Info and cookie (None when it has none), or None when no pipeline is loaded.
 
-    def _write_batch(self, updates: list[p4runtime_pb2.Update]) -> None:
-        request = p4runtime_pb2.WriteRequest(
-            device_id=self.device_id, election_id=self.election_id, updates=updates
+        The spec answers OK with ``config`` unset before the first SetForwardingPipelineConfig; PI (BMv2,
+        Tofino) answers FAILED_PRECONDITION. Both mean "no pipeline"."""
+        request = p4runtime_pb2.GetForwardingPipelineConfigRequest(
+            device_id=self.device_id,
+            response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE,
         )
         try:
-            self.stub.Write(request, timeout=self.timeout)
+            reply = self.stub.GetForwardingPipelineConfig(request, timeout=self.timeout)
         except grpc.RpcError as error:
-            raise P4RuntimeError.from_rpc("Write", error) from error
+            if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return None
+            raise P4RuntimeError.from_rpc("GetForwardingPipelineConfig", error) from error
+        if not reply.HasField("config") or not reply.config.HasField("p4info"):
+            return None
+        cookie = reply.config.cookie.cookie if reply.config.HasField("cookie") else None
+        return reply.config.p4info, cookie
+
+    # -- writes --
+    def write(self, updates: Iterable[p4runtime_pb2.Update]) -> None:
+        """Send updates in batches of ``batch_size`` (CONTINUE_ON_ERROR: each batch applies what it can).
+        Every batch is sent; one ``P4RuntimeError`` then lists every failing update by its index in the
+        caller's whole sequence."""
+        updates = list(updates)
+        failures: list[P4RuntimeError] = []
+        for start in range(0, len(updates), self.batch_size):
+            batch = updates[start : start + self.batch_size]
+            request = p4runtime_pb2.WriteRequest(
+                device_id=self.device_id, election_id=self.election_id, updates=batch
+            )
+            try:
+                self.stub.Write(request, timeout=self.timeout)
+            except grpc.RpcError as error:
+                failed = P4RuntimeError.from_rpc("Write", error)
+                failed.errors = tuple(
+                    UpdateError(e.index + start, e.code, e.message) for e in failed.errors
+                )
+                failures.append(failed)
+        if failures:
+            first = failures[0]
+            errors = [e for f in failures for e in f.errors]
+            raise P4RuntimeError("Write", first.code, first.details, errors)
 
     def insert(self, *entities: Writable) -> None:
         self.write(_UPDATE(type=_UPDATE.INSERT, entity=to_entity(e)) for e in entities)
