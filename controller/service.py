@@ -206,6 +206,8 @@ class JobService(pb_grpc.JobServiceServicer):
         ended = self.store.leave(request.job, request.rank)
         log.info("job %r: rank %d left%s", request.job, request.rank, "; job ended" if ended else "")
         self._changed()
+        if ended:
+            self.session.sync(self.install_wait_s)  # its entries are gone when the reply arrives
         return pb.LeaveJobReply(job_ended=ended)
 
     @_rpc
