@@ -178,8 +178,9 @@ class JobService(pb_grpc.JobServiceServicer):
             self.topology,
             self.default_port,
         )
-        admission.check_member(self.store.job(request.job), member, self.target)
-        job, rank = self.store.join(request.job, member)
+        job, rank = self.store.join(
+            request.job, member, lambda job, new: admission.check_member(job, new, self.target)
+        )
         self.liveness.beat(job.job_id, rank)
         log.info("job %r: rank %d joined from %s", job.name, rank, member.address)
         self._changed()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -186,9 +186,12 @@ class JobStore:
             )
             return self._find(db, str(job_id))
 
-    def join(self, ref: str, member: MemberRecord) -> tuple[JobRecord, int]:
+    def join(
+        self, ref: str, member: MemberRecord, check: Callable[[JobRecord, MemberRecord], None]
+    ) -> tuple[JobRecord, int]:
         """Add ``member`` (its rank is ignored: the next free one is given); returns the job and the rank.
-        The job turns ACTIVE when its last worker joins."""
+        ``check`` (admission's) sees the job as this transaction does, after the duplicate checks. The job
+        turns ACTIVE when its last worker joins."""
         with self.transaction() as db:
             job = self._find(db, ref)
             if job.state is JobState.FAILED:
@@ -203,6 +206,7 @@ class JobStore:
                     )
             if len(job.members) >= job.workers:
                 raise errors.precondition(f"job {job.name!r} has all its {job.workers} workers")
+            check(job, member)
             rank = len(job.members)
             db.execute(
                 "INSERT INTO members (job_id, rank, name, ip, udp_port, mac, switch_port) "

@@ -112,11 +112,15 @@ def test_changes_made_while_the_controller_was_away_are_undone(switch, workers, 
     intruder.connect(arbitrate=False)
     worker_entry = intruder.read_table("LhcIngress.workers")[0]
     route = intruder.entities.table_entry(
-        "LhcIngress.ipv4_routes", {"hdr.ipv4.dst_addr": "10.9.9.9/32"}, "LhcIngress.route",
+        "LhcIngress.ipv4_routes",
+        {"hdr.ipv4.dst_addr": "10.9.9.9/32"},
+        "LhcIngress.route",
         {"port": 3, "src_mac": 1, "dst_mac": 2},
     )
-    updates = [p4v1.Update(type=p4v1.Update.DELETE, entity=p4v1.Entity(table_entry=worker_entry)),
-               p4v1.Update(type=p4v1.Update.INSERT, entity=p4v1.Entity(table_entry=route))]
+    updates = [
+        p4v1.Update(type=p4v1.Update.DELETE, entity=p4v1.Entity(table_entry=worker_entry)),
+        p4v1.Update(type=p4v1.Update.INSERT, entity=p4v1.Entity(table_entry=route)),
+    ]
     intruder.stub.Write(p4v1.WriteRequest(device_id=1, updates=updates))
     intruder.close()
     assert switch_state(switch) != want
