@@ -225,6 +225,8 @@ class SwitchSession:
                 self._set_state("primary: pipeline verified (cookie matches)")
                 return True
         cookie = secrets.randbits(63) or 1
+        if loaded is None:
+            self.store.forget_slot_epochs()  # a new pipeline starts with zeroed registers
         renewed = self.store.renew_epochs()
         if loaded is None:
             client.set_pipeline(self.target.p4info, self.target.device_config, cookie=cookie)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from controller import errors
-from controller.epochs import EPOCH_LIMIT, next_epoch, set_marks
+from controller.epochs import EPOCH_LIMIT, EpochsExhausted, next_epoch
 from controller.records import JobRecord, JobState, MemberRecord
 from controller.slots import SlotPool, SlotPoolError, SlotRange
 from lhc_ina import constants as c
@@ -55,8 +55,8 @@ CREATE TABLE members (
     UNIQUE (job_id, ip, udp_port),
     UNIQUE (job_id, name)
 );
--- The epoch each slot last carried (ranges, disjoint): a new epoch for a range differs from all of them.
-CREATE TABLE slot_marks (first INTEGER PRIMARY KEY, count INTEGER NOT NULL, epoch INTEGER NOT NULL);
+-- Every epoch given to a slot range since the switch's registers were last reset (controller.epochs).
+CREATE TABLE slot_marks (first INTEGER NOT NULL, count INTEGER NOT NULL, epoch INTEGER NOT NULL);
 """
 
 _JOB_COLUMNS = (
@@ -252,6 +252,12 @@ class JobStore:
             )
             return cursor.rowcount == 1
 
+    def forget_slot_epochs(self) -> None:
+        """The switch's registers were reset (it came back without a pipeline): no slot holds any epoch
+        but those of the jobs about to be (re)installed, which ``renew_epochs`` then marks."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM slot_marks")
+
     def renew_epochs(self) -> dict[int, int]:
         """A fresh epoch for every ACTIVE job (the switch lost its state): job id -> new epoch. Agents may
         still have packets of the old epoch in flight; with a new one they cannot start or join a round in
@@ -327,11 +333,11 @@ def _next_job_id(db: sqlite3.Connection) -> int:
 def _fresh_epoch(db: sqlite3.Connection, ranges: list[SlotRange]) -> int:
     marks = [(SlotRange(f, n), e) for f, n, e in db.execute("SELECT first, count, epoch FROM slot_marks")]
     live = {r[0] for r in db.execute("SELECT epoch FROM jobs")}
-    epoch = next_epoch(_get_meta(db, "next_epoch", 1), ranges, marks, live)
+    try:
+        epoch = next_epoch(_get_meta(db, "next_epoch", 1), ranges, marks, live)
+    except EpochsExhausted as exc:
+        raise errors.exhausted(str(exc)) from None
     _set_meta(db, "next_epoch", epoch % (EPOCH_LIMIT - 1) + 1)
-    db.execute("DELETE FROM slot_marks")
-    for mark, value in set_marks(marks, ranges, epoch):
-        db.execute(
-            "INSERT INTO slot_marks (first, count, epoch) VALUES (?,?,?)", (mark.base, mark.count, value)
-        )
+    for r in ranges:
+        db.execute("INSERT INTO slot_marks (first, count, epoch) VALUES (?,?,?)", (r.base, r.count, epoch))
     return epoch
