@@ -73,7 +73,7 @@ def test_kill_9_during_admissions_leaves_a_consistent_store(switch, tmp_path):
         ctl.wait_for_switch()
         stop = threading.Event()
 
-        def churn(client=ctl.client, round_=round_) -> None:
+        def churn(client=ctl.client, round_=round_, stop=stop) -> None:
             n = 0
             while not stop.is_set():
                 n += 1
