@@ -63,8 +63,10 @@ p4: p4-constants
 	@if command -v $(BF_P4C) >/dev/null; then \
 		mkdir -p $(P4_BUILD)/tna && \
 		$(BF_P4C) --target tofino --arch tna -o $(P4_BUILD)/tna \
-			--p4runtime-files $(P4_BUILD)/tna/lhc.p4info.txtpb p4src/tna/lhc.p4 && \
-		echo "tna: $(P4_BUILD)/tna"; \
+			--p4runtime-files $(P4_BUILD)/tna/lhc.p4info.txtpb --p4runtime-force-std-externs \
+			p4src/tna/lhc.p4 && \
+		echo "tna: $(P4_BUILD)/tna" && \
+		$(PYTHON) -m lhc_ina.tofino $(P4_BUILD)/tna; \
 	else echo "bf-p4c not found on PATH ($(BF_P4C)): the TNA program was not compiled"; fi
 
 p4-p4info: p4

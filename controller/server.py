@@ -24,6 +24,7 @@ import grpc
 from controller import errors
 from controller import jobservice_pb2_grpc as pb_grpc
 from controller.errors import ControllerError
+from controller.integrity import store_problems
 from controller.liveness import Liveness
 from controller.metrics import serve_metrics
 from controller.service import Changes, JobService, TokenAuth
@@ -92,6 +93,10 @@ class Controller:
         self.target = load_target(args.target, args.p4info, args.device_config)
         state_dir = args.state_dir or default_state_dir()
         self.store = JobStore(state_dir / DB_NAME)
+        problems = store_problems(self.store)
+        if problems:
+            self.store.close()
+            raise errors.precondition(f"{self.store.path} is inconsistent: " + "; ".join(problems))
         self.changes = Changes()
         self.session = SwitchSession(
             args.switch,

@@ -94,6 +94,11 @@ class JobService(pb_grpc.JobServiceServicer):
 
     def _require_primary(self) -> None:
         status = self.session.status
+        if status.mismatch:
+            raise errors.precondition(
+                f"the switch runs a different pipeline than the {self.target.name} target's: "
+                f"{status.mismatch}"
+            )
         if status.connected and not status.primary:
             raise ControllerError(
                 grpc.StatusCode.UNAVAILABLE,

@@ -46,6 +46,8 @@ class SwitchStatus:
     reconciles: int = 0
     updates_written: int = 0
     primary_changes: int = 0
+    #: How the switch's loaded P4Info differs from the target's ("" when it matches or none is loaded).
+    mismatch: str = ""
     #: job id -> the epoch the switch held for it at the last reconcile that left it equal to the store.
     installed: dict[int, int] = field(default_factory=dict)
 
@@ -215,6 +217,7 @@ class SwitchSession:
         stored_cookie = self.store.meta(COOKIE_KEY)
         if loaded is not None:
             problems = pipeline_differences(self.target.p4info.p4info, loaded[0])
+            self.status.mismatch = "; ".join(problems)
             if problems:
                 self._set_state(
                     "pipeline mismatch: not writing",

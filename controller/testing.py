@@ -26,6 +26,7 @@ from controller.reconcile import SwitchState, desired_state, read_state
 from controller.server import READY as CONTROLLER_READY
 from controller.store import DB_NAME, JobStore
 from controller.targets import load_target
+from controller.topology import load_topology
 from lhc_ina import constants as c
 from lhc_ina.p4rt import P4RuntimeClient
 from lhc_ina.wire import LhcHeader, pack_packet, unpack_packet
@@ -195,11 +196,11 @@ def switch_state(switch: SoftswitchProcess, target_name: str = "softswitch") -> 
         client.close()
 
 
-def store_state(state_dir: Path) -> SwitchState:
-    """What the job store in ``state_dir`` says the switch must hold."""
+def store_state(state_dir: Path, topology: Path | None = None) -> SwitchState:
+    """What the job store in ``state_dir`` (and the topology file) say the switch must hold."""
     store = JobStore(state_dir / DB_NAME)
     try:
-        return desired_state(store.jobs(), None)
+        return desired_state(store.jobs(), load_topology(topology) if topology else None)
     finally:
         store.close()
 
