@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 
 from controller.client import JobClient, Joined
@@ -82,6 +83,9 @@ class _Process:
 class SoftswitchProcess(_Process):
     """``lhc-softswitch --udp 1@HOST:19520`` on a random loopback HOST; ``restart`` keeps its addresses."""
 
+    target = "softswitch"
+    moves_udp = True
+
     def __init__(self, grpc_port: int = 0, host: str | None = None) -> None:
         self.host = host or f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
         self.udp_port = c.UDP_PORT_BASE
@@ -120,39 +124,70 @@ class SoftswitchProcess(_Process):
         self.terminate()
 
 
+class Bmv2Process(_Process):
+    """``simple_switch_grpc --no-p4`` (no interfaces: the controller's tests need its tables, not its
+    ports); the same face as ``SoftswitchProcess`` except that it moves no UDP packets."""
+
+    target = "bmv2"
+    moves_udp = False
+
+    def __init__(self, grpc_port: int = 0) -> None:
+        from ptf_tests.targets import ensure_bmv2_json
+
+        self.device_config = ensure_bmv2_json()
+        self.host, self.udp_port, self.switch_port = "10.0.0.254", c.UDP_PORT_BASE, 1
+        self._start(grpc_port or _free_tcp_port())
+
+    def _start(self, grpc_port: int) -> None:
+        self.grpc_addr = f"127.0.0.1:{grpc_port}"
+        self.proc = subprocess.Popen(
+            ["simple_switch_grpc", "--device-id", "1", "--thrift-port", str(_free_tcp_port()),
+             "--no-p4", "--", "--grpc-server-addr", self.grpc_addr],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.stderr: list[str] = []
+        self._drain = threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True)
+        self._drain.start()
+        channel = grpc.insecure_channel(self.grpc_addr)
+        try:
+            grpc.channel_ready_future(channel).result(timeout=60)
+        finally:
+            channel.close()
+
+    dataplane = SoftswitchProcess.dataplane
+    restart = SoftswitchProcess.restart
+    __enter__ = SoftswitchProcess.__enter__
+    __exit__ = SoftswitchProcess.__exit__
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_switch(kind: str) -> SoftswitchProcess | Bmv2Process:
+    """The switch of a parametrized test: ``softswitch`` or ``bmv2``."""
+    return Bmv2Process() if kind == "bmv2" else SoftswitchProcess()
+
+
 class ControllerProcess(_Process):
     """``lhc-controller serve`` against ``switch`` with its state in ``state_dir``; ``client`` talks to it."""
 
     def __init__(
         self,
-        switch: SoftswitchProcess,
+        switch: SoftswitchProcess | Bmv2Process,
         state_dir: Path,
         *extra: str,
         election_id: int = 1,
         token: str | None = None,
     ) -> None:
-        fields = self._spawn(
-            [
-                "controller.cli",
-                "serve",
-                "--switch",
-                switch.grpc_addr,
-                "--target",
-                "softswitch",
-                "--listen",
-                "127.0.0.1:0",
-                "--state-dir",
-                str(state_dir),
-                "--dataplane",
-                switch.dataplane,
-                "--election-id",
-                str(election_id),
-                "--log-level",
-                "INFO",
-                *extra,
-            ],
-            CONTROLLER_READY,
-        )
+        argv = ["controller.cli", "serve", "--switch", switch.grpc_addr, "--target", switch.target,
+                "--listen", "127.0.0.1:0", "--state-dir", str(state_dir), "--dataplane", switch.dataplane,
+                "--election-id", str(election_id), "--log-level", "INFO"]  # fmt: skip
+        if switch.target == "bmv2":
+            argv += ["--device-config", str(switch.device_config)]
+        fields = self._spawn([*argv, *extra], CONTROLLER_READY)
         self.listen = fields["listen"]
         self.metrics = fields.get("metrics")
         self.client = JobClient(self.listen, token=token)
@@ -184,10 +219,10 @@ class ControllerProcess(_Process):
             self.terminate()
 
 
-def switch_state(switch: SoftswitchProcess, target_name: str = "softswitch") -> SwitchState:
+def switch_state(switch: SoftswitchProcess | Bmv2Process) -> SwitchState:
     """What the switch holds in the controller's tables and groups, read without taking part in the
     election (a read-only observer)."""
-    target = load_target(target_name)
+    target = load_target("softswitch")  # the v1model P4Info: the same for bmv2
     client = P4RuntimeClient(switch.grpc_addr, p4info=target.p4info)
     client.connect(arbitrate=False)
     try:

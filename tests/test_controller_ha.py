@@ -14,12 +14,21 @@ import pytest
 from controller.errors import ControllerError
 from controller.integrity import store_problems
 from controller.store import DB_NAME, JobStore
-from controller.testing import ControllerProcess, SoftswitchProcess, Worker, store_state, switch_state
+from controller.testing import (
+    Bmv2Process,
+    ControllerProcess,
+    SoftswitchProcess,
+    Worker,
+    start_switch,
+    store_state,
+    switch_state,
+)
 
 
-@pytest.fixture
-def switch() -> Iterator[SoftswitchProcess]:
-    with SoftswitchProcess() as sw:
+@pytest.fixture(params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
+def switch(request) -> Iterator[SoftswitchProcess | Bmv2Process]:
+    """Each test runs against softswitch, and against BMv2 where simple_switch_grpc is on PATH."""
+    with start_switch(request.param) as sw:
         yield sw
 
 
