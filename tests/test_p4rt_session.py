@@ -42,7 +42,8 @@ def test_cookie_arbitration_callbacks_and_a_lost_stream():
         assert lost.wait(30), "the stream's end was not noticed"
         assert not first.is_primary
         params = {"job_index": 1, "slot_base": 0, "slot_count": 1, "fan_in": 1, "mcast_grp": 1, "epoch": 1}
-        entry = first.entities.table_entry("LhcIngress.jobs", {"hdr.lhc.job_id": 1}, "LhcIngress.set_job", params)
+        entry = first.entities.table_entry("LhcIngress.jobs", {"hdr.lhc.job_id": 1}, "LhcIngress.set_job",
+                                           params)
         with pytest.raises(P4RuntimeError):
             first.insert(entry)
         first.close()
