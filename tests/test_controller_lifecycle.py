@@ -98,6 +98,7 @@ def test_job_lifecycle_over_the_job_service(switch, workers, tmp_path):
         assert client.list_jobs() == []
         status = client.switch_status()
         assert status.connected and status.primary and status.slots_free == status.slots_total
+        assert ctl.terminate() == 0 and "stopping" in ctl.log()  # SIGTERM: a clean stop
 
 
 @pytest.mark.timeout(120)

@@ -91,3 +91,20 @@ def test_a_switch_running_another_pipeline_is_left_alone(tmp_path):
             jobs.preamble.id
         )
         observer.close()
+
+
+def test_tofino_admission_keeps_a_job_on_one_pipe():
+    from dataclasses import replace
+
+    from controller.admission import check_member, resolve_member
+    from controller.records import JobRecord, JobState
+
+    tofino = replace(load_target("softswitch"), name="tofino", pipe_shift=7)
+    job = JobRecord(1, "j", JobState.PENDING, 3, 0, 8, 64, 1, 1, 10, 10, 0)
+    first = resolve_member("a", "", "10.0.0.1", 4000, "", 5, None, None)
+    job = replace(job, members=(first,))
+    check_member(job, resolve_member("b", "", "10.0.0.2", 4000, "", 127, None, None), tofino)  # pipe 0
+    other_pipe = resolve_member("c", "", "10.0.0.3", 4000, "", 128, None, None)
+    with pytest.raises(ControllerError, match=r"port 128 \(pipe 1\).*pipe 0.*share one pipe"):
+        check_member(job, other_pipe, tofino)
+    check_member(job, other_pipe, load_target("softswitch"))  # one pipe only on Tofino
