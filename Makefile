@@ -63,8 +63,10 @@ p4: p4-constants
 	@if command -v $(BF_P4C) >/dev/null; then \
 		mkdir -p $(P4_BUILD)/tna && \
 		$(BF_P4C) --target tofino --arch tna -o $(P4_BUILD)/tna \
-			--p4runtime-files $(P4_BUILD)/tna/lhc.p4info.txtpb p4src/tna/lhc.p4 && \
-		echo "tna: $(P4_BUILD)/tna"; \
+			--p4runtime-files $(P4_BUILD)/tna/lhc.p4info.txtpb --p4runtime-force-std-externs \
+			p4src/tna/lhc.p4 && \
+		echo "tna: $(P4_BUILD)/tna" && \
+		$(PYTHON) -m lhc_ina.tofino $(P4_BUILD)/tna; \
 	else echo "bf-p4c not found on PATH ($(BF_P4C)): the TNA program was not compiled"; fi
 
 p4-p4info: p4
@@ -85,3 +87,12 @@ clean:
 .PHONY: ptf
 ptf: venv
 	$(PY) -m ptf_tests.run --target $(TARGET)
+
+# The controller's job service stubs, committed. grpcio-tools 1.49.1's protoc writes code the pinned
+# protobuf 3.20 runtime loads (newer ones need protobuf >= 4); it runs in its own throwaway venv.
+.PHONY: controller-stubs
+controller-stubs:
+	test -x build/stubs-venv/bin/python || $(PYTHON) -m venv build/stubs-venv
+	build/stubs-venv/bin/pip install -q grpcio-tools==1.49.1
+	build/stubs-venv/bin/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
+		controller/jobservice.proto

@@ -51,6 +51,11 @@ def _fit(data: bytes, bits: int, what: str) -> int:
     return value
 
 
+#: Clone sessions are a PRE entity v1model programs may use; the lhc program clones nothing.
+_NO_CLONE_SESSIONS = ("clone sessions (PacketReplicationEngineEntry.clone_session_entry) are not served by "
+                      "softswitch: the lhc program clones no packets")
+
+
 def _invalid_id(kind: str, entity_id: int) -> SwitchError:
     return invalid(f"invalid P4 id {entity_id:#x}: the P4Info has no {kind} with that id")
 
@@ -104,10 +109,21 @@ class Entities:
             self._counter_write(update.type, entity.counter_entry)
         elif kind == "register_entry":
             raise SwitchError(code_pb2.UNIMPLEMENTED, "Register writes are not supported yet")
+        elif kind == "direct_counter_entry":
+            self._no_direct_counter(entity.direct_counter_entry)
         elif kind is None:
             raise SwitchError(code_pb2.UNKNOWN, "Incorrect entity type: the update names no entity")
         else:
             raise SwitchError(code_pb2.UNIMPLEMENTED, f"softswitch does not implement {kind} writes")
+
+    def _no_direct_counter(self, entry: p4v1.DirectCounterEntry) -> None:
+        """The spec: a direct counter entry of a table without a direct counter is INVALID_ARGUMENT. No
+        table of this program has one, so every such read or write is refused, naming the table."""
+        table_id = entry.table_entry.table_id
+        if table_id == 0:
+            raise invalid("direct counter entry without a table id (no table of this program has a direct "
+                          "counter)")
+        raise invalid(f"table {self._table_info(table_id).name} has no direct counter")
 
     def _table_info(self, table_id: int) -> _TableInfo:
         info = self.tables.get(table_id)
@@ -245,7 +261,7 @@ class Entities:
     def _pre_write(self, update_type: int, pre: p4v1.PacketReplicationEngineEntry) -> None:
         kind = pre.WhichOneof("type")
         if kind == "clone_session_entry":
-            raise SwitchError(code_pb2.UNIMPLEMENTED, "softswitch has no clone sessions")
+            raise SwitchError(code_pb2.UNIMPLEMENTED, _NO_CLONE_SESSIONS)
         if kind != "multicast_group_entry":
             raise invalid("invalid PRE operation: no multicast group entry")
         group = pre.multicast_group_entry
@@ -321,6 +337,8 @@ class Entities:
             self._counter_read(entity.counter_entry, response)
         elif kind == "register_entry":
             raise SwitchError(code_pb2.UNIMPLEMENTED, "Register reads are not supported yet")
+        elif kind == "direct_counter_entry":
+            self._no_direct_counter(entity.direct_counter_entry)
         elif kind is None:
             raise SwitchError(code_pb2.UNKNOWN, "Incorrect entity type: the read names no entity")
         else:
@@ -373,7 +391,7 @@ class Entities:
 
     def _pre_read(self, request: p4v1.PacketReplicationEngineEntry, response: p4v1.ReadResponse) -> None:
         if request.WhichOneof("type") != "multicast_group_entry":
-            raise SwitchError(code_pb2.UNIMPLEMENTED, "softswitch has no clone sessions")
+            raise SwitchError(code_pb2.UNIMPLEMENTED, _NO_CLONE_SESSIONS)
         group_id = request.multicast_group_entry.multicast_group_id
         if group_id >= FIRST_RESERVED_GROUP:
             raise SwitchError(code_pb2.OUT_OF_RANGE, f"multicast group id {group_id} is too high")

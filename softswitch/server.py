@@ -159,8 +159,8 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
             self._fail(context, code_pb2.INVALID_ARGUMENT, "Invalid SetForwardingPipeline action")
         if action == _SetAction.COMMIT:
             if self.saved is None:
-                self._fail(context, code_pb2.FAILED_PRECONDITION, "COMMIT without a config saved by "
-                           "VERIFY_AND_SAVE")
+                # The spec: "If no saved config exists, return NOT_FOUND" (PI says FAILED_PRECONDITION).
+                self._fail(context, code_pb2.NOT_FOUND, "COMMIT without a config saved by VERIFY_AND_SAVE")
             assert self.saved is not None
             self._commit(self.saved, keep_state=False)
             self.saved = None

@@ -364,3 +364,21 @@ def test_batches_are_split(fake_server: tuple[str, _FakeP4Runtime]) -> None:
 def test_unreachable_server_is_a_clean_error() -> None:
     with pytest.raises(P4RuntimeError, match=r"UNAVAILABLE: no P4Runtime server at 127\.0\.0\.1:1"):
         P4RuntimeClient("127.0.0.1:1", timeout=0.5).connect()
+
+
+def test_write_errors_index_the_whole_list_across_batches(fake_server: tuple[str, _FakeP4Runtime]) -> None:
+    address, servicer = fake_server
+    with P4RuntimeClient(address, p4info=P4InfoIndex.from_file(), timeout=5, batch_size=2) as client:
+        entries = [client.entities.table_entry("LhcIngress.jobs", {"hdr.lhc.job_id": i}) for i in range(6)]
+        entries[1] = entries[4] = p4runtime_pb2.TableEntry(table_id=0xBAD)
+        with pytest.raises(P4RuntimeError) as caught:
+            client.insert(*entries)
+    assert [e.index for e in caught.value.errors] == [1, 4]  # not "#1 of batch 0" and "#0 of batch 2"
+    assert len(servicer.written) == 4  # every batch was sent
+
+
+def test_decoded_entries_are_hashable(lhc: EntityBuilder) -> None:
+    entry = lhc.table_entry("LhcIngress.ipv4_routes", {"hdr.ipv4.dst_addr": "10.0.0.0/8"}, "LhcIngress.route",
+                            {"port": 1, "src_mac": 2, "dst_mac": 3})
+    decoded = {decode_table_entry(lhc.p4info, entry), decode_table_entry(lhc.p4info, entry)}
+    assert len(decoded) == 1

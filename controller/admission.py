@@ -1,0 +1,101 @@
+"""Admission checks that the data plane cannot make, and worker addresses resolved to endpoints.
+
+Every refusal is a ``ControllerError`` whose message names the job and the problem. The switch-level
+invariants (`job_index`, slot range, epoch, ranks, MACs, ports) are checked once more, by the same
+function that builds the entries (``lhc_ina.jobs.validate``), before a join is committed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import replace
+
+from controller import errors
+from controller.records import JobRecord, MemberRecord
+from controller.targets import Target
+from controller.topology import Topology
+from lhc_ina import constants as c
+from lhc_ina.jobs import InvalidJob, validate
+
+#: Default slots per job: the host transport keeps this many packets in flight per worker, which keeps a
+#: softswitch or BMv2 pipe busy at loopback round-trip times (64 x 256 B = 16 KiB in flight per worker);
+#: 4096 slots hold 64 such jobs.
+DEFAULT_SLOTS = 64
+
+
+def check_job_request(name: str, workers: int, slots: int, lanes: int) -> tuple[int, int]:
+    """(slots, lanes) with defaults filled in; refuses what can never fit."""
+    if not name or len(name) > 64 or not name.isprintable() or name.isdigit():
+        raise errors.invalid(f"job name {name!r}: 1..64 printable characters, not all digits")
+    if not 1 <= workers <= c.MAX_WORKERS:
+        raise errors.invalid(
+            f"job {name!r}: {workers} workers; a job has 1..{c.MAX_WORKERS} "
+            f"(MAX_WORKERS, one bit each in the contributor bitmap)"
+        )
+    slots = slots or DEFAULT_SLOTS
+    if slots > c.MAX_SLOTS:
+        raise errors.invalid(f"job {name!r}: {slots} slots; the switch has {c.MAX_SLOTS}")
+    lanes = lanes or c.LANES
+    if lanes != c.LANES:
+        raise errors.invalid(f"job {name!r}: {lanes} lanes; this switch aggregates {c.LANES} per packet")
+    return slots, lanes
+
+
+def default_mac(ip: str) -> str:
+    """02:00:a:b:c:d, softswitch's MAC for a UDP-mode address (its MACs are never used there)."""
+    return "02:00:" + ":".join(f"{b:02x}" for b in ipaddress.IPv4Address(ip).packed)
+
+
+def resolve_member(
+    name: str,
+    host: str,
+    ip: str,
+    udp_port: int,
+    mac: str,
+    switch_port: int,
+    topology: Topology | None,
+    default_port: int | None,
+) -> MemberRecord:
+    """A joining worker's endpoint, from the topology (``host``) or from the request itself."""
+    if host:
+        if topology is None:
+            raise errors.invalid(
+                f"worker joins as topology host {host!r}, but the controller has no topology"
+            )
+        known = topology.host(host)
+        ip, mac = ip or known.ip, mac or known.mac
+        switch_port = known.port if switch_port < 0 else switch_port
+    try:
+        ip = str(ipaddress.IPv4Address(ip))
+    except ValueError:
+        raise errors.invalid(f"worker address {ip!r} is not an IPv4 address") from None
+    if not 0 < udp_port < 1 << 16:
+        raise errors.invalid(f"worker {ip}: UDP port {udp_port} is outside 1..65535")
+    if switch_port < 0:
+        if default_port is None:
+            raise errors.invalid(
+                f"worker {ip}:{udp_port}: no switch port given and the controller has no "
+                "--dataplane port to default to"
+            )
+        switch_port = default_port
+    return MemberRecord(
+        0, name or host or f"{ip}:{udp_port}", ip, udp_port, mac or default_mac(ip), switch_port
+    )
+
+
+def check_member(job: JobRecord, member: MemberRecord, target: Target) -> None:
+    """The job with ``member`` added must still be one the switch can run exactly (lhc_ina.jobs.validate),
+    and on Tofino all its workers must share one pipe."""
+    rank = len(job.members)
+    trial = replace(job, members=(*job.members, replace(member, rank=rank)))
+    try:
+        validate(replace(trial.layout(), fan_in=len(trial.members)))
+    except InvalidJob as exc:
+        raise errors.invalid(f"job {job.name!r}: {exc}") from None
+    pipes = {target.pipe_of(m.switch_port) for m in trial.members}
+    if len(pipes) > 1:
+        raise errors.invalid(
+            f"job {job.name!r}: worker {member.address} is behind port {member.switch_port} (pipe "
+            f"{target.pipe_of(member.switch_port)}), the job's other workers on pipe "
+            f"{target.pipe_of(job.members[0].switch_port)}; a job's workers must share one pipe on Tofino"
+        )

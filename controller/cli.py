@@ -1,0 +1,193 @@
+"""``lhc-controller``: run the controller, or drive a running one.
+
+    lhc-controller serve --switch ADDR --target T --listen ADDR --state-dir DIR [--topology F] ...
+    lhc-controller [--controller ADDR] [--token-file F] [--json] job create NAME --workers W [--slots N]
+    lhc-controller ... job list | job show NAME | job delete NAME | switch status
+
+Exit codes: 0 done; 2 bad usage or request (INVALID_ARGUMENT); 3 no such job (NOT_FOUND); 4 refused
+(ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION); 5 unauthenticated; 6 controller unreachable;
+1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import grpc
+from google.protobuf import json_format
+
+from controller import jobservice_pb2 as pb
+from controller.client import DEFAULT_CONTROLLER, JobClient
+from controller.errors import ControllerError
+from controller.server import add_serve_arguments, serve
+
+_EXIT = {
+    grpc.StatusCode.INVALID_ARGUMENT: 2,
+    grpc.StatusCode.NOT_FOUND: 3,
+    grpc.StatusCode.ALREADY_EXISTS: 4,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 4,
+    grpc.StatusCode.FAILED_PRECONDITION: 4,
+    grpc.StatusCode.UNAUTHENTICATED: 5,
+    grpc.StatusCode.UNAVAILABLE: 6,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 6,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lhc-controller", description="the lhc switch and job controller")
+    parser.add_argument(
+        "--controller",
+        default=DEFAULT_CONTROLLER,
+        help="job service of a running controller (default %(default)s, serve's default)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        dest="client_token_file",
+        help="shared token file, when the controller requires one",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_arguments(sub.add_parser("serve", help="run the controller"))
+    job = sub.add_parser("job", help="create, list, show or delete jobs").add_subparsers(
+        dest="action", required=True
+    )
+    create = job.add_parser("create", help="admit a job")
+    create.add_argument("name")
+    create.add_argument("--workers", type=int, required=True)
+    create.add_argument("--slots", type=int, default=0, help="slots (default 64)")
+    create.add_argument("--join-timeout", type=float, default=0.0)
+    create.add_argument("--heartbeat-timeout", type=float, default=0.0)
+    job.add_parser("list", help="all jobs")
+    job.add_parser("show", help="one job, with its members and switch counters").add_argument("name")
+    job.add_parser("delete", help="delete a job and free its slots").add_argument("name")
+    sub.add_parser("switch", help="the switch connection").add_subparsers(
+        dest="action", required=True
+    ).add_parser("status", help="connection, primaryship, reconciles")
+    return parser
+
+
+def _state(info: pb.JobInfo) -> str:
+    state = pb.JobState.Name(info.state)
+    return f"{state} (installed)" if info.installed else state
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def _job_rows(jobs: list[pb.JobInfo]) -> str:
+    rows = [["NAME", "ID", "STATE", "WORKERS", "SLOTS", "EPOCH"]]
+    for j in jobs:
+        rows.append(
+            [
+                j.name,
+                str(j.job_id),
+                _state(j),
+                f"{len(j.members)}/{j.workers}",
+                f"{j.slot_base}..{j.slot_base + j.slot_count - 1}",
+                str(j.epoch),
+            ]
+        )
+    return _table(rows)
+
+
+def _show(info: pb.JobInfo) -> str:
+    lines = [
+        f"job {info.name} (id {info.job_id}): {_state(info)}, epoch {info.epoch}, "
+        f"slots {info.slot_base}..{info.slot_base + info.slot_count - 1}, counter row {info.job_index}"
+    ]
+    if info.failure:
+        lines.append(f"failure: {info.failure}")
+    rows = [["RANK", "NAME", "ADDRESS", "MAC", "PORT", "HEARTBEAT"]]
+    for m in info.members:
+        age = "left" if m.left else f"{m.last_heartbeat_age_s:.1f} s ago"
+        rows.append(
+            [
+                str(m.rank),
+                m.name,
+                f"{m.address.ip}:{m.address.udp_port}",
+                m.address.mac,
+                str(m.address.switch_port),
+                age,
+            ]
+        )
+    lines.append(_table(rows))
+    if info.counters:
+        lines.append(
+            "switch counters: " + ", ".join(f"{k.lower()}={v}" for k, v in info.counters.items() if v)
+            or "switch counters: all zero"
+        )
+    return "\n".join(lines)
+
+
+def _print(args: argparse.Namespace, message, text: str) -> None:
+    if args.json:
+        print(
+            json_format.MessageToJson(
+                message, including_default_value_fields=True, preserving_proto_field_name=True
+            )
+        )
+    else:
+        print(text)
+
+
+def run_client(args: argparse.Namespace) -> int:
+    token = args.client_token_file.read_text().strip() if args.client_token_file else None
+    with JobClient(args.controller, token=token) as client:
+        if args.command == "switch":
+            s = client.switch_status()
+            text = (
+                f"switch {s.address} ({s.target}): {'connected' if s.connected else 'not connected'}, "
+                f"{'primary' if s.primary else 'not primary'}, election id {s.election_id}\n"
+                f"state: {s.state}\nreconciles {s.reconciles}, updates written {s.updates_written}, "
+                f"slots free {s.slots_free}/{s.slots_total}, data plane {s.dataplane}"
+                + (f"\nlast error: {s.last_error}" if s.last_error else "")
+            )
+            _print(args, s, text)
+        elif args.action == "create":
+            info = client.create_job(
+                args.name,
+                args.workers,
+                slots=args.slots,
+                join_timeout_s=args.join_timeout,
+                heartbeat_timeout_s=args.heartbeat_timeout,
+            )
+            _print(args, info, _show(info))
+        elif args.action == "list":
+            jobs = client.list_jobs()
+            _print(args, pb.ListJobsReply(jobs=jobs), _job_rows(jobs) if jobs else "no jobs")
+        elif args.action == "show":
+            info = client.status(args.name)
+            _print(args, info, _show(info))
+        else:
+            client.delete_job(args.name)
+            _print(args, pb.DeleteJobReply(), f"job {args.name} deleted")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    try:
+        return run_client(args)
+    except ControllerError as exc:
+        print(f"lhc-controller: {pb_code(exc)}: {exc.message}", file=sys.stderr)
+        return _EXIT.get(exc.code, 1)
+    except OSError as exc:
+        print(f"lhc-controller: {exc}", file=sys.stderr)
+        return 2
+
+
+def pb_code(exc: ControllerError) -> str:
+    return exc.code.name if isinstance(exc.code, grpc.StatusCode) else str(exc.code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

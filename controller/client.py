@@ -1,0 +1,222 @@
+"""A Python client of the job service, for the host agent, the CLI and tests.
+
+    client = JobClient("127.0.0.1:9560")
+    client.create_job("train", workers=2)
+    joined = client.join("train", ip="127.0.0.1", udp_port=40000)   # rank, slots, epoch, switch address
+    client.wait_installed("train")                                  # entries on the switch: send DATA
+    beats = client.start_heartbeats("train", joined.rank)           # or call heartbeat() yourself
+    ...
+    beats.stop(); client.leave("train", joined.rank)
+
+Every refusal raises ``ControllerError`` with the service's gRPC code and message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from controller import jobservice_pb2 as pb
+from controller import jobservice_pb2_grpc as pb_grpc
+from controller.errors import ControllerError
+
+DEFAULT_CONTROLLER = "127.0.0.1:9560"
+
+
+@dataclass(frozen=True)
+class Peer:
+    rank: int
+    name: str
+    ip: str
+    udp_port: int
+    mac: str
+    switch_port: int
+
+
+@dataclass(frozen=True)
+class Joined:
+    """What a worker needs to aggregate: its rank and the job's slots, epoch and switch address."""
+
+    rank: int
+    job_id: int
+    slot_base: int
+    slot_count: int
+    epoch: int
+    switch_ip: str
+    switch_udp_port: int
+    lanes: int
+    peers: tuple[Peer, ...]
+    job: pb.JobInfo
+
+
+def _error(error: grpc.RpcError) -> ControllerError:
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    return ControllerError(code, error.details() if hasattr(error, "details") else str(error))
+
+
+class Heartbeats:
+    """A thread that heartbeats one member every ``interval`` s and keeps the latest answer."""
+
+    def __init__(self, client: JobClient, job: str, rank: int, interval: float) -> None:
+        self.latest: pb.JobInfo | None = None
+        self.error: ControllerError | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(client, job, rank, interval), daemon=True, name=f"heartbeat-{job}-{rank}"
+        )
+        self._thread.start()
+
+    def _run(self, client: JobClient, job: str, rank: int, interval: float) -> None:
+        while not self._stop.is_set():
+            try:
+                self.latest = client.heartbeat(job, rank)
+                self.error = None
+            except ControllerError as exc:
+                self.error = exc
+            self._stop.wait(interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+class JobClient:
+    def __init__(
+        self, address: str = DEFAULT_CONTROLLER, *, token: str | None = None, timeout: float = 30.0
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._metadata = (("lhc-token", token),) if token else ()
+        self._channel = grpc.insecure_channel(address)
+        self._stub = pb_grpc.JobServiceStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> JobClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request):
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise _error(error) from None
+
+    def create_job(
+        self,
+        name: str,
+        workers: int,
+        *,
+        slots: int = 0,
+        lanes: int = 0,
+        join_timeout_s: float = 0.0,
+        heartbeat_timeout_s: float = 0.0,
+    ) -> pb.JobInfo:
+        return self._call(
+            "CreateJob",
+            pb.CreateJobRequest(
+                name=name,
+                workers=workers,
+                slots=slots,
+                lanes=lanes,
+                join_timeout_s=join_timeout_s,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+            ),
+        )
+
+    def join(
+        self,
+        job: str,
+        *,
+        udp_port: int,
+        ip: str = "",
+        host: str = "",
+        mac: str = "",
+        switch_port: int = -1,
+        name: str = "",
+    ) -> Joined:
+        """Join ``job`` from ``ip:udp_port`` (or topology ``host``); ``switch_port`` -1: the controller's
+        default (its --dataplane port or the host's)."""
+        reply = self._call(
+            "JoinJob",
+            pb.JoinJobRequest(
+                job=job,
+                name=name,
+                address=pb.WorkerAddress(
+                    host=host, ip=ip, udp_port=udp_port, mac=mac, switch_port=switch_port
+                ),
+            ),
+        )
+        peers = tuple(
+            Peer(m.rank, m.name, m.address.ip, m.address.udp_port, m.address.mac, m.address.switch_port)
+            for m in reply.peers
+        )
+        return Joined(
+            reply.rank,
+            reply.job_id,
+            reply.slot_base,
+            reply.slot_count,
+            reply.epoch,
+            reply.switch_ip,
+            reply.switch_udp_port,
+            reply.lanes,
+            peers,
+            reply.job,
+        )
+
+    def heartbeat(self, job: str, rank: int) -> pb.JobInfo:
+        return self._call("Heartbeat", pb.HeartbeatRequest(job=job, rank=rank))
+
+    def start_heartbeats(self, job: str, rank: int, interval: float = 1.0) -> Heartbeats:
+        return Heartbeats(self, job, rank, interval)
+
+    def status(self, job: str) -> pb.JobInfo:
+        return self._call("JobStatus", pb.JobStatusRequest(job=job))
+
+    def list_jobs(self) -> list[pb.JobInfo]:
+        return list(self._call("ListJobs", pb.ListJobsRequest()).jobs)
+
+    def leave(self, job: str, rank: int) -> bool:
+        """Leave ``job``; True when this was its last member and the job ended."""
+        return self._call("LeaveJob", pb.LeaveJobRequest(job=job, rank=rank)).job_ended
+
+    def delete_job(self, job: str) -> None:
+        self._call("DeleteJob", pb.DeleteJobRequest(job=job))
+
+    def switch_status(self) -> pb.SwitchStatusReply:
+        return self._call("SwitchStatus", pb.SwitchStatusRequest())
+
+    def watch(self, job: str, timeout: float | None = None) -> Iterator[pb.JobInfo]:
+        """The job now, then on every change of state, epoch, installation or membership."""
+        stream = self._stub.Watch(pb.WatchRequest(job=job), timeout=timeout, metadata=self._metadata)
+        try:
+            yield from stream
+        except grpc.RpcError as error:
+            raise _error(error) from None
+        finally:
+            stream.cancel()
+
+    def wait_installed(self, job: str, timeout: float = 60.0) -> pb.JobInfo:
+        """Block until the job is ACTIVE with its entries on the switch; FAILED or timeout raise."""
+        deadline = time.monotonic() + timeout
+        try:
+            for info in self.watch(job, timeout=timeout):
+                if info.state == pb.FAILED:
+                    raise ControllerError(grpc.StatusCode.ABORTED, f"job {job!r} failed: {info.failure}")
+                if info.installed:
+                    return info
+        except ControllerError as exc:
+            if exc.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+        waited = timeout - max(0.0, deadline - time.monotonic())
+        raise ControllerError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"job {job!r} was not installed on the switch within {waited:.0f} s",
+        )

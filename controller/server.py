@@ -1,0 +1,196 @@
+"""``lhc-controller serve``: the store, the switch session, liveness, the job service and metrics, wired.
+
+Once the job service listens, one line goes to stdout (flushed), e.g.
+
+    lhc-controller ready: listen=127.0.0.1:9560 switch=127.0.0.1:9559 target=softswitch election_id=1
+    dataplane=127.0.0.1:19520 state=/home/u/.local/state/lhc-controller/controller.sqlite3
+
+with the bound addresses (port 0 picks a free one); harnesses wait for it. SIGINT/SIGTERM stop it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+import sys
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from controller import errors
+from controller import jobservice_pb2_grpc as pb_grpc
+from controller.errors import ControllerError
+from controller.integrity import store_problems
+from controller.liveness import Liveness
+from controller.metrics import serve_metrics
+from controller.service import Changes, JobService, TokenAuth
+from controller.session import SwitchSession
+from controller.store import DB_NAME, JobStore, default_state_dir
+from controller.targets import TARGETS, load_target
+from controller.topology import Topology, load_topology
+from lhc_ina import constants as c
+
+log = logging.getLogger("lhc-controller")
+READY = "lhc-controller ready:"
+DEFAULT_LISTEN = "127.0.0.1:9560"
+_DATAPLANE = re.compile(r"^(?:(\d+)@)?([0-9.]+)(?::(\d+))?$")
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--switch", default="127.0.0.1:9559", help="P4Runtime address (default %(default)s)")
+    parser.add_argument("--target", choices=TARGETS, default="softswitch")
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, help="job service address (default %(default)s)")
+    parser.add_argument(
+        "--state-dir", type=Path, default=None, help=f"where {DB_NAME} lives (default {default_state_dir()})"
+    )
+    parser.add_argument("--topology", type=Path, help="topology JSON (hosts and the switch's address)")
+    parser.add_argument(
+        "--dataplane",
+        metavar="[N@]HOST[:UDPPORT]",
+        help="the switch's lhc address workers send to, and its port N that reaches "
+        "workers who give none (softswitch UDP mode: its --udp spec)",
+    )
+    parser.add_argument("--device-id", type=int, default=1)
+    parser.add_argument("--election-id", type=int, default=1, help="higher wins primaryship")
+    parser.add_argument("--p4info", type=Path, help="override the target's P4Info")
+    parser.add_argument("--device-config", type=Path, help="override the target's device config")
+    parser.add_argument("--token-file", type=Path, help="require this shared token on every job call")
+    parser.add_argument("--metrics-addr", help="serve Prometheus metrics on HOST:PORT")
+    parser.add_argument("--join-timeout", type=float, default=120.0, help="default seconds to join")
+    parser.add_argument("--heartbeat-timeout", type=float, default=15.0, help="default heartbeat timeout")
+    parser.add_argument("--reconcile-interval", type=float, default=10.0, help="seconds between reconciles")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def parse_dataplane(text: str | None, topology: Topology | None) -> tuple[str, int, int | None]:
+    """(switch IP, lhc UDP port, default switch port) from --dataplane, else from the topology."""
+    if text:
+        match = _DATAPLANE.match(text)
+        if not match:
+            raise errors.invalid(f"--dataplane {text!r}: expected [N@]HOST[:UDPPORT], e.g. 1@127.0.0.1:19520")
+        port = int(match.group(3) or c.UDP_PORT_BASE)
+        if port & c.UDP_PORT_MASK != c.UDP_PORT_BASE:
+            raise errors.invalid(
+                f"--dataplane {text!r}: UDP port {port} is not an lhc port "
+                f"({c.UDP_PORT_BASE}..{c.UDP_PORT_BASE + c.UDP_PORT_COUNT - 1})"
+            )
+        return match.group(2), port, int(match.group(1)) if match.group(1) else None
+    if topology is not None:
+        return topology.switch_ip, topology.switch_udp_port, None
+    raise errors.invalid("give --dataplane (the switch's lhc address) or a --topology with a switch")
+
+
+class Controller:
+    """Everything ``serve`` runs, startable and stoppable in-process (tests use it too)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.topology = load_topology(args.topology) if args.topology else None
+        dataplane = parse_dataplane(args.dataplane, self.topology)
+        self.target = load_target(args.target, args.p4info, args.device_config)
+        state_dir = args.state_dir or default_state_dir()
+        self.store = JobStore(state_dir / DB_NAME)
+        problems = store_problems(self.store)
+        if problems:
+            self.store.close()
+            raise errors.precondition(f"{self.store.path} is inconsistent: " + "; ".join(problems))
+        self.changes = Changes()
+        self.session = SwitchSession(
+            args.switch,
+            self.target,
+            self.store,
+            self.topology,
+            device_id=args.device_id,
+            election_id=args.election_id,
+            reconcile_interval=args.reconcile_interval,
+            on_change=self.changes.notify,
+        )
+        self.liveness = Liveness(
+            self.store, enabled=lambda: self.session.status.primary, on_failed=self._failed
+        )
+        self.service = JobService(
+            self.store,
+            self.session,
+            self.liveness,
+            self.target,
+            self.topology,
+            dataplane,
+            join_timeout_s=args.join_timeout,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            changes=self.changes,
+        )
+        interceptors = []
+        if args.token_file:
+            token = args.token_file.read_text().strip()
+            if not token:
+                raise errors.invalid(f"--token-file {args.token_file} is empty")
+            interceptors.append(TokenAuth(token))
+        self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=32), interceptors=interceptors)
+        pb_grpc.add_JobServiceServicer_to_server(self.service, self.grpc)
+        self.port = self.grpc.add_insecure_port(args.listen)
+        if not self.port:
+            raise ControllerError(grpc.StatusCode.UNAVAILABLE, f"cannot listen on {args.listen}")
+        self.listen = f"{args.listen.rpartition(':')[0]}:{self.port}"
+        self.metrics_addr = args.metrics_addr
+        self.metrics_port: int | None = None
+        self._metrics_server = None
+        self.args = args
+        self.dataplane = dataplane
+
+    def _failed(self, job_id: int, reason: str) -> None:
+        log.warning("job %d failed: %s", job_id, reason)
+        self.session.request_reconcile()
+        self.changes.notify()
+
+    def start(self) -> None:
+        self.session.start()
+        self.liveness.start()
+        self.grpc.start()
+        if self.metrics_addr:
+            self._metrics_server, self.metrics_port = serve_metrics(
+                self.metrics_addr, self.store, self.session
+            )
+
+    def stop(self) -> None:
+        self.grpc.stop(grace=1).wait()
+        self.liveness.stop()
+        self.session.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        self.store.close()
+
+    def ready_line(self) -> str:
+        metrics = (
+            f" metrics={self.metrics_addr.rpartition(':')[0]}:{self.metrics_port}"
+            if self.metrics_port
+            else ""
+        )
+        return (
+            f"{READY} listen={self.listen} switch={self.session.address} target={self.target.name} "
+            f"election_id={self.session.election_id} dataplane={self.dataplane[0]}:{self.dataplane[1]} "
+            f"state={self.store.path}{metrics}"
+        )
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        controller = Controller(args)
+    except ControllerError as exc:
+        print(f"lhc-controller: {exc}", file=sys.stderr)
+        return 2 if exc.code == grpc.StatusCode.INVALID_ARGUMENT else 1
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    controller.start()
+    print(controller.ready_line(), flush=True)
+    while not stop.wait(0.5):
+        pass
+    log.info("stopping")
+    controller.stop()
+    return 0

@@ -1,0 +1,273 @@
+"""The controller's P4Runtime session: it owns the switch, survives it, and keeps it equal to the store.
+
+One thread connects, arbitrates (election id), and while primary: checks the loaded pipeline (pushing it
+when there is none), then reconciles at start, after every (re)connection or regained primaryship, on
+request (a job changed) and periodically. The facts of life it handles:
+
+- **Lost primaryship** (a higher election id arrived): stop writing, say so in status and logs; the
+  device tells us when the other one goes, and we take over (prepare and reconcile again).
+- **The switch goes away**: reconnect with exponential backoff, forever.
+- **The switch comes back empty** (no pipeline, or not the pipeline this store pushed: the cookie
+  differs): push it, give every job a new epoch (the registers may hold anything), repopulate.
+
+A backup (not primary) never writes; it reads the switch to report whether the store's jobs are there.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from p4.v1 import p4runtime_pb2
+
+from controller.reconcile import desired_state, pipeline_differences, plan, read_state
+from controller.store import JobStore
+from controller.targets import Target
+from controller.topology import Topology
+from lhc_ina import constants as c
+from lhc_ina.p4rt import P4RuntimeClient, P4RuntimeError
+
+log = logging.getLogger("lhc-controller.switch")
+_SET = p4runtime_pb2.SetForwardingPipelineConfigRequest
+COOKIE_KEY = "pipeline_cookie"
+
+
+@dataclass
+class SwitchStatus:
+    connected: bool = False
+    primary: bool = False
+    state: str = "starting"
+    last_error: str = ""
+    reconciles: int = 0
+    updates_written: int = 0
+    primary_changes: int = 0
+    #: How the switch's loaded P4Info differs from the target's ("" when it matches or none is loaded).
+    mismatch: str = ""
+    #: job id -> the epoch the switch held for it at the last reconcile that left it equal to the store.
+    installed: dict[int, int] = field(default_factory=dict)
+
+
+class SwitchSession:
+    def __init__(
+        self,
+        address: str,
+        target: Target,
+        store: JobStore,
+        topology: Topology | None,
+        *,
+        device_id: int = 1,
+        election_id: int = 1,
+        reconcile_interval: float = 10.0,
+        backoff: tuple[float, float] = (0.2, 5.0),
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.address = address
+        self.target = target
+        self.store = store
+        self.topology = topology
+        self.device_id = device_id
+        self.election_id = election_id
+        self.reconcile_interval = reconcile_interval
+        self.backoff = backoff
+        self.on_change = on_change
+        self.status = SwitchStatus()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self._done = threading.Condition()
+        self._requested = 0  # reconcile requests so far
+        self._served = 0  # requests covered by a finished reconcile
+        self._client: P4RuntimeClient | None = None
+        self._thread = threading.Thread(target=self._run, name="switch-session", daemon=True)
+
+    # -- control --
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=15)
+
+    def request_reconcile(self) -> int:
+        with self._done:
+            self._requested += 1
+            ticket = self._requested
+        self._wake.set()
+        return ticket
+
+    def sync(self, timeout: float) -> bool:
+        """Reconcile now and wait (at most ``timeout`` s) until the switch equals the store; False when it
+        could not be done in time (switch away, not primary)."""
+        ticket = self.request_reconcile()
+        deadline = time.monotonic() + timeout
+        with self._done:
+            while self._served < ticket:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._done.wait(left):
+                    return False
+        return True
+
+    def read_counters(self) -> dict[int, list[int]] | None:
+        """Packet counts of ``lhc_stats`` per job index (NUM_STATS each); None when the switch is away."""
+        client = self._client
+        if client is None or not self.status.connected:
+            return None
+        try:
+            cells = client.read_counter("LhcIngress.lhc_stats")
+        except P4RuntimeError as exc:
+            log.info("counter read failed: %s", exc)
+            return None
+        rows: dict[int, list[int]] = {}
+        for index, value in cells.items():
+            rows.setdefault(index // c.NUM_STATS, [0] * c.NUM_STATS)[index % c.NUM_STATS] = value.packets
+        return rows
+
+    # -- the thread --
+    def _set_state(self, state: str, error: str = "") -> None:
+        if state != self.status.state:
+            log.warning("switch %s: %s", self.address, state) if error else log.info(
+                "switch %s: %s", self.address, state
+            )
+        self.status.state = state
+        if error:
+            self.status.last_error = error
+        self.on_change()
+
+    def _run(self) -> None:
+        delay = self.backoff[0]
+        while not self._stop.is_set():
+            client = P4RuntimeClient(
+                self.address, self.device_id, self.election_id, self.target.p4info, timeout=5.0
+            )
+            client.on_arbitration = self._on_arbitration
+            client.on_stream_lost = self._on_stream_lost
+            self._lost.clear()
+            try:
+                client.connect(require_primary=False)
+            except P4RuntimeError as exc:
+                self._set_state(f"unreachable, retrying in {delay:.1f} s", str(exc).splitlines()[0])
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.backoff[1])
+                continue
+            delay = self.backoff[0]
+            self._client = client
+            self.status.connected = True
+            try:
+                self._serve(client)
+            finally:
+                self._client = None
+                self.status.connected = self.status.primary = False
+                client.close()
+                self._release_waiters()
+        self._set_state("stopped")
+
+    def _on_arbitration(self, primary: bool) -> None:
+        self.status.primary_changes += 1
+        self._wake.set()
+
+    def _on_stream_lost(self, error: BaseException) -> None:
+        self._lost.set()
+        self._wake.set()
+
+    def _serve(self, client: P4RuntimeClient) -> None:
+        """While connected: prepare and reconcile whenever woken, as primary; observe as backup."""
+        prepared = False
+        while not self._stop.is_set() and not self._lost.is_set():
+            self._wake.clear()
+            with self._done:
+                ticket = self._requested
+            self.status.primary = client.is_primary
+            try:
+                if client.is_primary:
+                    if not prepared:
+                        prepared = self._prepare(client)
+                    if prepared:
+                        self._reconcile(client, write=True)
+                else:
+                    prepared = False
+                    self._set_state("backup: another controller is primary; not writing")
+                    self._reconcile(client, write=False)
+            except P4RuntimeError as exc:
+                self._set_state("switch error; will retry", str(exc).splitlines()[0])
+                if exc.code == grpc.StatusCode.UNAVAILABLE:
+                    return
+                prepared = prepared and exc.code != grpc.StatusCode.FAILED_PRECONDITION
+            else:
+                with self._done:
+                    self._served = max(self._served, ticket)
+                    self._done.notify_all()
+            self._wake.wait(self.reconcile_interval)
+        if self._lost.is_set():
+            self._set_state("connection lost; reconnecting", "the P4Runtime stream ended")
+
+    def _release_waiters(self) -> None:
+        with self._done:
+            self._done.notify_all()
+
+    def _prepare(self, client: P4RuntimeClient) -> bool:
+        """Check the loaded pipeline (push ours when there is none). A switch that does not run the
+        pipeline this store pushed lost its state: every job gets a new epoch before repopulation."""
+        loaded = client.get_pipeline()
+        stored_cookie = self.store.meta(COOKIE_KEY)
+        if loaded is not None:
+            problems = pipeline_differences(self.target.p4info.p4info, loaded[0])
+            self.status.mismatch = "; ".join(problems)
+            if problems:
+                self._set_state(
+                    "pipeline mismatch: not writing",
+                    "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""),
+                )
+                return False
+            if stored_cookie and loaded[1] == stored_cookie:
+                self._set_state("primary: pipeline verified (cookie matches)")
+                return True
+        cookie = secrets.randbits(63) or 1
+        if loaded is None:
+            self.store.forget_slot_epochs()  # a new pipeline starts with zeroed registers
+        renewed = self.store.renew_epochs()
+        if loaded is None:
+            client.set_pipeline(self.target.p4info, self.target.device_config, cookie=cookie)
+            what = "had no pipeline: pushed it"
+        else:
+            try:
+                client.set_pipeline(
+                    self.target.p4info,
+                    self.target.device_config,
+                    cookie=cookie,
+                    action=_SET.RECONCILE_AND_COMMIT,
+                )
+            except P4RuntimeError as exc:
+                if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                client.set_pipeline(self.target.p4info, self.target.device_config, cookie=cookie)
+            what = "runs a pipeline this store did not push: re-tagged it"
+        self.store.set_meta(COOKIE_KEY, cookie)
+        self._set_state(f"primary: switch {what}; new epochs for {len(renewed)} job(s)")
+        return True
+
+    def _reconcile(self, client: P4RuntimeClient, *, write: bool) -> None:
+        jobs = self.store.jobs()
+        desired = desired_state(jobs, self.topology)
+        actual = read_state(client, self.target)
+        updates = plan(desired, actual, self.target)
+        if updates and write:
+            log.info("reconcile: writing %d update(s)", len(updates))
+            try:
+                client.write(updates)
+            finally:
+                self.status.updates_written += len(updates)
+            actual = desired
+        self.status.reconciles += 1
+        on_switch = actual.job_ids()
+        self.status.installed = (
+            {j.job_id: j.epoch for j in jobs if j.job_id in on_switch} if (not updates or write) else {}
+        )
+        if write:
+            self._set_state("primary: switch equals the store")
+        self.on_change()

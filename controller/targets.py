@@ -1,0 +1,62 @@
+"""What differs per switch target: where the P4Info and device config come from, and port conventions.
+
+All three speak P4Runtime (softswitch natively; BMv2 and Tofino through PI), so only these facts differ:
+
+- softswitch: the committed v1model P4Info, no device config.
+- bmv2: the v1model P4Info and the JSON p4c writes (``make p4``: ``build/p4/v1model/lhc.json``).
+- tofino: bf-p4c's P4Info (``--p4runtime-force-std-externs``) and PI's Tofino device data (``make p4``
+  writes ``build/p4/tna/lhc.device_config.bin``, see ``lhc_ina.tofino``). `replicas` is keyed on
+  ``eg_intr_md.egress_rid``, and a job's workers must share one pipe (port >> 7).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from controller import errors
+from lhc_ina.p4info import REPO_ROOT, V1MODEL_P4INFO, P4InfoIndex
+from lhc_ina.tofino import TofinoBundleError, TofinoDeviceConfig
+
+BUILD = REPO_ROOT / "build" / "p4"
+TARGETS = ("softswitch", "bmv2", "tofino")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    p4info: P4InfoIndex
+    device_config: bytes
+    #: jobs.py names v1model's match fields; the target's own names where they differ.
+    field_names: dict[str, str] = field(default_factory=dict)
+    #: Tofino: ports of one pipe share ``port >> pipe_shift``; None where any port may join any job.
+    pipe_shift: int | None = None
+
+    def pipe_of(self, port: int) -> int | None:
+        return None if self.pipe_shift is None else port >> self.pipe_shift
+
+
+def load_target(name: str, p4info: Path | None = None, device_config: Path | None = None) -> Target:
+    """The target's pipeline from the build outputs (or the given files); a missing file is named."""
+    if name not in TARGETS:
+        raise errors.invalid(f"unknown target {name!r}; one of {', '.join(TARGETS)}")
+    default_p4info = BUILD / "tna" / "lhc.p4info.txtpb" if name == "tofino" else V1MODEL_P4INFO
+    info_path = p4info or default_p4info
+    if not info_path.exists():
+        raise errors.precondition(f"{name}: P4Info {info_path} not found (run make p4, or pass --p4info)")
+    index = P4InfoIndex.from_file(info_path)
+    if name == "softswitch":
+        return Target(name, index, device_config.read_bytes() if device_config else b"")
+    if name == "bmv2":
+        path = device_config or BUILD / "v1model" / "lhc.json"
+        if not path.exists():
+            raise errors.precondition(f"bmv2: {path} not found (make p4 compiles it with p4c)")
+        return Target(name, index, path.read_bytes())
+    if device_config is not None:
+        blob = device_config.read_bytes()
+    else:
+        try:
+            blob = TofinoDeviceConfig.from_build(BUILD / "tna").pack()
+        except TofinoBundleError as exc:
+            raise errors.precondition(f"tofino: {exc}") from None
+    return Target(name, index, blob, {"standard_metadata.egress_rid": "eg_intr_md.egress_rid"}, pipe_shift=7)

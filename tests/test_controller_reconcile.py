@@ -1,0 +1,139 @@
+"""Reconcile against a real lhc-softswitch: a restarted controller writes nothing to a switch that kept its
+state (a half-finished round survives it), a switch restarted empty is repopulated with new epochs, and
+what someone else changed on the switch is put back."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from p4.v1 import p4runtime_pb2 as p4v1
+
+from controller.targets import load_target
+from controller.testing import (
+    Bmv2Process,
+    ControllerProcess,
+    SoftswitchProcess,
+    Worker,
+    aggregate_once,
+    start_switch,
+    store_state,
+    switch_state,
+)
+from lhc_ina import constants as c
+from lhc_ina.p4rt import P4RuntimeClient
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
+def switch(request) -> Iterator[SoftswitchProcess | Bmv2Process]:
+    """Each test runs against softswitch, and against BMv2 where simple_switch_grpc is on PATH."""
+    with start_switch(request.param) as sw:
+        yield sw
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    made = [Worker() for _ in range(2)]
+    yield made
+    for w in made:
+        w.close()
+
+
+def _admit(ctl: ControllerProcess, workers: list[Worker], name: str = "job") -> None:
+    ctl.client.create_job(name, workers=len(workers), slots=4)
+    for w in workers:
+        w.joined = ctl.client.join(name, ip="127.0.0.1", udp_port=w.port)
+    assert ctl.client.status(name).installed
+
+
+@pytest.mark.timeout(180)
+def test_restart_against_an_intact_switch_writes_nothing(switch, workers, tmp_path):
+    with ControllerProcess(switch, tmp_path) as ctl:
+        ctl.wait_for_switch()
+        _admit(ctl, workers)
+        before = switch_state(switch)
+        # Half a round: rank 0 contributes, then the controller goes away and comes back.
+        half = RNG.integers(0, 1 << 32, c.LANES, dtype=np.uint64).astype(np.uint32)
+        if switch.moves_udp:
+            aggregate_once(workers, slot=0, seq=0, rng=RNG)
+            workers[0].send(half, slot=1, seq=1)
+    with ControllerProcess(switch, tmp_path) as ctl:
+        ctl.wait_for_switch()
+        status = ctl.client.switch_status()
+        assert status.updates_written == 0, status
+        assert "cookie matches" in ctl.log() and "new epochs" not in ctl.log()
+        assert switch_state(switch) == before == store_state(tmp_path)
+        job = ctl.client.status("job")
+        assert job.installed and job.epoch == workers[0].joined.epoch and job.epoch_changes == 0
+        if not switch.moves_udp:
+            return
+        # The switch kept the half round: rank 1 completes it.
+        other = RNG.integers(0, 1 << 32, c.LANES, dtype=np.uint64).astype(np.uint32)
+        workers[1].send(other, slot=1, seq=1)
+        expected = ((half.astype(np.uint64) + other) % (1 << 32)).astype(np.uint32)
+        for w in workers:
+            header, words = w.receive()
+            assert (header.msg_type, header.seq, header.bitmap) == (c.MsgType.RESULT, 1, 0b11)
+            np.testing.assert_array_equal(words, expected)
+
+
+@pytest.mark.timeout(180)
+def test_switch_restarted_empty_is_repopulated_with_new_epochs(switch, workers, tmp_path):
+    with ControllerProcess(switch, tmp_path, "--reconcile-interval", "1") as ctl:
+        ctl.wait_for_switch()
+        _admit(ctl, workers)
+        old_epoch = workers[0].joined.epoch
+        updates_before = ctl.client.switch_status().updates_written
+        watch = ctl.client.watch("job", timeout=120)
+        assert next(watch).epoch == old_epoch
+
+        switch.restart()
+        changed = next(info for info in watch if info.epoch != old_epoch and info.installed)
+        assert changed.epoch_changes == 1 and ctl.log().count("switch had no pipeline: pushed it") == 2
+        assert switch_state(switch) == store_state(tmp_path)
+        assert ctl.client.switch_status().updates_written > updates_before
+        if not switch.moves_udp:
+            return
+        # Workers learn the new epoch (here from the status) and aggregate again; the old one is stale.
+        for w in workers:
+            w.joined = dataclasses.replace(w.joined, epoch=changed.epoch)
+        aggregate_once(workers, slot=0, seq=5, rng=RNG)
+        workers[0].send(np.zeros(c.LANES, np.uint32), slot=1, seq=6, epoch=old_epoch)
+        assert ctl.client.status("job").counters["DROP_STALE_EPOCH"] == 1
+
+
+@pytest.mark.timeout(180)
+def test_changes_made_while_the_controller_was_away_are_undone(switch, workers, tmp_path):
+    with ControllerProcess(switch, tmp_path) as ctl:
+        ctl.wait_for_switch()
+        _admit(ctl, workers)
+        want = switch_state(switch)
+    # With no controller connected, someone deletes a worker entry and adds a stray route (a write
+    # without an election id, the only kind a switch takes while no stream is open).
+    target = load_target("softswitch")
+    intruder = P4RuntimeClient(switch.grpc_addr, p4info=target.p4info)
+    intruder.connect(arbitrate=False)
+    worker_entry = intruder.read_table("LhcIngress.workers")[0]
+    route = intruder.entities.table_entry(
+        "LhcIngress.ipv4_routes",
+        {"hdr.ipv4.dst_addr": "10.9.9.9/32"},
+        "LhcIngress.route",
+        {"port": 3, "src_mac": 1, "dst_mac": 2},
+    )
+    updates = [
+        p4v1.Update(type=p4v1.Update.DELETE, entity=p4v1.Entity(table_entry=worker_entry)),
+        p4v1.Update(type=p4v1.Update.INSERT, entity=p4v1.Entity(table_entry=route)),
+    ]
+    intruder.stub.Write(p4v1.WriteRequest(device_id=1, updates=updates))
+    intruder.close()
+    assert switch_state(switch) != want
+    with ControllerProcess(switch, tmp_path) as ctl:
+        ctl.wait_for_switch()
+        assert ctl.client.switch_status().updates_written == 2  # exactly the difference
+        assert switch_state(switch) == want == store_state(tmp_path)
+        if switch.moves_udp:
+            aggregate_once(workers, slot=2, seq=2, rng=RNG)
