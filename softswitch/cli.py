@@ -22,8 +22,9 @@ import threading
 
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.dataplane import DataPlane
-from softswitch.pipeline import Pipeline, PipelineMismatch
+from softswitch.pipeline import Pipeline
 from softswitch.ports import Port, PortSpecError, open_port, parse_port_specs
+from softswitch.program import PipelineMismatch
 from softswitch.server import P4RuntimeService, start_server
 
 log = logging.getLogger("softswitch")

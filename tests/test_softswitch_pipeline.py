@@ -19,7 +19,8 @@ from lhc_ina.jobs import ip_to_int as ip_int
 from lhc_ina.jobs import mac_to_int as mac_int
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.entities import Entities
-from softswitch.pipeline import Pipeline, PipelineMismatch
+from softswitch.pipeline import Pipeline
+from softswitch.program import PipelineMismatch
 from softswitch.testing import (
     SWITCH_IP,
     SWITCH_MAC,
