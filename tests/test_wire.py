@@ -124,6 +124,6 @@ def test_stream_position_maps_packets_to_slot_copy_and_seq():
     stream_position = wire.stream_position
     assert [tuple(stream_position(p, 3).values()) for p in range(7)] == [
         (0, 0, 0), (1, 0, 1), (2, 0, 2), (0, 1, 3), (1, 1, 4), (2, 1, 5), (0, 0, 6)]
-    assert stream_position((1 << 32) + 5, 4) == {"slot": 1, "ver": 0, "seq": 5}
+    assert stream_position((1 << 32) + 5, 4) == {"slot": 1, "ver": 1, "seq": 5}  # seq wraps, p does not
     with pytest.raises(ValueError, match="need p >= 0 and slot_count >= 1"):
         stream_position(1, 0)
