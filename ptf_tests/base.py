@@ -201,12 +201,15 @@ class LhcTest(BaseTest):
             workers=members,
         )
         entries = job_entries(job.layout)
-        keep = None if rewrites is None else {w.rank for w in rewrites}
-        for spec in entries.tables:
-            if spec.table == REPLICAS_TABLE and keep is not None and dict(spec.match)[_RID] not in keep:
-                continue
-            self.install(self._entry(spec, broken if spec.action == SET_JOB else None))
-        self.install(multicast_group_entry(entries.group.group_id, entries.group.replicas))
+        ranks = {w.rank for w in (members if rewrites is None else rewrites)}
+        self.install(
+            *(
+                self._entry(spec, broken if spec.action == SET_JOB else None)
+                for spec in entries.tables
+                if spec.table != REPLICAS_TABLE or dict(spec.match)[_RID] in ranks
+            ),
+            multicast_group_entry(entries.group.group_id, entries.group.replicas),
+        )
         return job
 
     def job_entry(self, job: Job) -> p4runtime_pb2.TableEntry:
