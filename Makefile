@@ -12,7 +12,7 @@ P4_BUILD := build/p4
 TARGET ?= softswitch
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint bench p4 p4-p4info p4-constants p4-check system-deps clean
+.PHONY: venv demo test lint bench p4 p4-v1model p4-tna p4-p4info p4-constants p4-check system-deps clean
 
 venv: $(INSTALLED)
 
@@ -48,28 +48,37 @@ p4-constants:
 p4-check:
 	$(PYTHON) -m lhc_ina.p4gen --check
 
-# Compile both P4 programs where their compilers are on PATH; say which one is missing otherwise. The
-# v1model P4Info p4c writes is compared with the committed one (`make p4-p4info` adopts the compiler's).
+# `make p4-v1model` / `make p4-tna` compile one program and fail when its compiler is missing. `make p4`
+# compiles both with whichever compilers are installed, names each program it skipped, and fails when it
+# compiled nothing. The v1model P4Info p4c writes is compared with the committed one (`make p4-p4info`
+# adopts the compiler's).
 p4: p4-constants
-	@if command -v $(P4C) >/dev/null; then \
-		mkdir -p $(P4_BUILD)/v1model && \
-		$(P4C) --target bmv2 --arch v1model -o $(P4_BUILD)/v1model \
-			--p4runtime-files $(P4_BUILD)/v1model/lhc.p4info.txtpb p4src/v1model/lhc.p4 && \
-		echo "v1model: $(P4_BUILD)/v1model/lhc.json" && \
-		if cmp -s $(P4_BUILD)/v1model/lhc.p4info.txtpb p4src/v1model/lhc.p4info.txtpb; then \
-			echo "v1model: committed P4Info is current"; \
-		else echo "v1model: P4Info differs from p4src/v1model/lhc.p4info.txtpb (make p4-p4info adopts it)"; fi; \
-	else echo "p4c not found on PATH ($(P4C)): the v1model program was not compiled"; fi
-	@if command -v $(BF_P4C) >/dev/null; then \
-		mkdir -p $(P4_BUILD)/tna && \
-		$(BF_P4C) --target tofino --arch tna -o $(P4_BUILD)/tna \
-			--p4runtime-files $(P4_BUILD)/tna/lhc.p4info.txtpb --p4runtime-force-std-externs \
-			p4src/tna/lhc.p4 && \
-		echo "tna: $(P4_BUILD)/tna" && \
-		$(PYTHON) -m lhc_ina.tofino $(P4_BUILD)/tna; \
-	else echo "bf-p4c not found on PATH ($(BF_P4C)): the TNA program was not compiled"; fi
+	@built=0; \
+	if command -v $(P4C) >/dev/null; then $(MAKE) --no-print-directory p4-v1model || exit 1; built=1; \
+	else echo "make p4: skipped the v1model program: p4c not found on PATH ($(P4C))"; fi; \
+	if command -v $(BF_P4C) >/dev/null; then $(MAKE) --no-print-directory p4-tna || exit 1; built=1; \
+	else echo "make p4: skipped the TNA program: bf-p4c not found on PATH ($(BF_P4C))"; fi; \
+	if [ $$built = 0 ]; then echo "make p4: no P4 compiler found: nothing was compiled" >&2; exit 1; fi
 
-p4-p4info: p4
+p4-v1model: p4-constants
+	@command -v $(P4C) >/dev/null || { echo "make p4-v1model: p4c not found on PATH ($(P4C))" >&2; exit 1; }
+	mkdir -p $(P4_BUILD)/v1model
+	$(P4C) --target bmv2 --arch v1model -o $(P4_BUILD)/v1model \
+		--p4runtime-files $(P4_BUILD)/v1model/lhc.p4info.txtpb p4src/v1model/lhc.p4
+	@echo "v1model: $(P4_BUILD)/v1model/lhc.json"
+	@if cmp -s $(P4_BUILD)/v1model/lhc.p4info.txtpb p4src/v1model/lhc.p4info.txtpb; then \
+		echo "v1model: committed P4Info is current"; \
+	else echo "v1model: P4Info differs from p4src/v1model/lhc.p4info.txtpb (make p4-p4info adopts it)"; fi
+
+p4-tna: p4-constants
+	@command -v $(BF_P4C) >/dev/null || { echo "make p4-tna: bf-p4c not found on PATH ($(BF_P4C))" >&2; exit 1; }
+	mkdir -p $(P4_BUILD)/tna
+	$(BF_P4C) --target tofino --arch tna -o $(P4_BUILD)/tna \
+		--p4runtime-files $(P4_BUILD)/tna/lhc.p4info.txtpb --p4runtime-force-std-externs p4src/tna/lhc.p4
+	@echo "tna: $(P4_BUILD)/tna"
+	$(PYTHON) -m lhc_ina.tofino $(P4_BUILD)/tna
+
+p4-p4info: p4-v1model
 	cp $(P4_BUILD)/v1model/lhc.p4info.txtpb p4src/v1model/lhc.p4info.txtpb
 
 # Debian packages for the emulation tests (Mininet and friends); the tests that need them call this.

@@ -36,7 +36,7 @@ MAX_JOBS = 64
 
 # --- Header ----------------------------------------------------------------------------------------
 #: The lhc header, in wire order, as (field name, width in bits). Big-endian, no padding: 16 bytes.
-#: ``msg_type`` is DESIGN's "type" (``type`` is a keyword in P4_16).
+#: ``msg_type`` is the header's type field (``type`` is a keyword in P4_16).
 HEADER_FIELDS: tuple[tuple[str, int], ...] = (
     ("msg_type", 4),
     ("op", 2),

@@ -200,7 +200,13 @@ def validate(job: JobLayout, *, target: Target = "v1model", stamped_epochs: Coll
 
 
 def _check_tna(job: JobLayout) -> None:
-    """Tofino: registers are per pipe, so a job's workers share one; the recirculation port is taken."""
+    """Tofino: registers are per pipe, so a job's workers share one; the recirculation port is taken; and
+    a round is finished when its bitmap is the full mask, so every admitted worker contributes."""
+    _require(
+        job.world_size == len(job.workers), job,
+        f"fan-in {job.world_size} must equal the {len(job.workers)} workers on Tofino (a round is "
+        "finished when every worker's bit is in its bitmap)",
+    )
     pipes = sorted({w.switch_port >> TNA_PIPE_SHIFT for w in job.workers})
     _require(len(pipes) == 1, job, f"workers on pipes {pipes}: a job's workers must share one pipe on Tofino")
     for worker in job.workers:

@@ -124,6 +124,15 @@ class LhcHeader:
 assert [f.name for f in fields(LhcHeader)] == [name for name, _ in c.HEADER_FIELDS]
 
 
+def stream_position(p: int, slot_count: int) -> dict[str, int]:
+    """The header fields of packet ``p`` of a job's stream (docs/protocol.md, section 3): ``slot = p mod S``,
+    ``ver = (p div S) mod 2``, ``seq = p mod 2^32``, with S the job's ``slot_count``, so that packet ``p`` of
+    every worker meets in one slot copy and ``seq`` names its round."""
+    if p < 0 or slot_count < 1:
+        raise ValueError(f"packet {p} of a stream over {slot_count} slots: need p >= 0 and slot_count >= 1")
+    return {"slot": p % slot_count, "ver": (p // slot_count) % c.SLOT_COPIES, "seq": p & 0xFFFFFFFF}
+
+
 def header_to_record(header: LhcHeader) -> tuple[int, ...]:
     """The header as one tuple in ``HEADER_DTYPE`` field order (sub-byte fields combined)."""
     return HEADER_STRUCT.unpack(header.pack())

@@ -42,7 +42,7 @@ from lhc_ina.jobs import (
 )
 from lhc_ina.p4info import V1MODEL_P4INFO, P4InfoIndex
 from lhc_ina.p4rt import P4RuntimeClient, multicast_group_entry
-from lhc_ina.wire import LhcHeader
+from lhc_ina.wire import LhcHeader, stream_position
 from ptf_tests import frames
 from ptf_tests.frames import Worker
 
@@ -88,8 +88,8 @@ class Job:
                          self.mcast_grp, endpoints, self.fan_in)
 
     def position(self, p: int) -> dict[str, int]:
-        """Where packet ``p`` of the job's stream goes (docs/protocol.md): slot, copy and seq."""
-        return {"slot": p % self.slot_count, "ver": (p // self.slot_count) % 2, "seq": p & 0xFFFFFFFF}
+        """Where packet ``p`` of the job's stream goes: slot, copy and seq (``wire.stream_position``)."""
+        return stream_position(p, self.slot_count)
 
     def header(self, worker: Worker, **fields: int) -> LhcHeader:
         """A DATA header from ``worker`` for this job (epoch and ids filled in; override any field)."""
@@ -201,12 +201,15 @@ class LhcTest(BaseTest):
             workers=members,
         )
         entries = job_entries(job.layout)
-        keep = None if rewrites is None else {w.rank for w in rewrites}
-        for spec in entries.tables:
-            if spec.table == REPLICAS_TABLE and keep is not None and dict(spec.match)[_RID] not in keep:
-                continue
-            self.install(self._entry(spec, broken if spec.action == SET_JOB else None))
-        self.install(multicast_group_entry(entries.group.group_id, entries.group.replicas))
+        ranks = {w.rank for w in (members if rewrites is None else rewrites)}
+        self.install(
+            *(
+                self._entry(spec, broken if spec.action == SET_JOB else None)
+                for spec in entries.tables
+                if spec.table != REPLICAS_TABLE or dict(spec.match)[_RID] in ranks
+            ),
+            multicast_group_entry(entries.group.group_id, entries.group.replicas),
+        )
         return job
 
     def job_entry(self, job: Job) -> p4runtime_pb2.TableEntry:

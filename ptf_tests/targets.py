@@ -114,13 +114,15 @@ def _copy_stdout(process: subprocess.Popen, log, lines: list[str]) -> None:
 
 
 def ensure_bmv2_json(json_path: Path = BMV2_JSON) -> Path:
-    """The compiled v1model program, compiled with ``make p4`` first when it is missing and p4c exists."""
+    """The compiled v1model program, compiled with ``make p4-v1model`` first when it is missing and p4c
+    exists."""
     if not json_path.exists():
         if not shutil.which("p4c"):
-            raise TargetError(f"{json_path} is missing and p4c is not on PATH to compile it (`make p4`)")
-        subprocess.run(["make", "-C", str(REPO_ROOT), "p4", f"PYTHON={sys.executable}"], check=True)
+            raise TargetError(f"{json_path} is missing and p4c is not on PATH to compile it "
+                              "(`make p4-v1model`)")
+        subprocess.run(["make", "-C", str(REPO_ROOT), "p4-v1model", f"PYTHON={sys.executable}"], check=True)
         if not json_path.exists():
-            raise TargetError(f"`make p4` did not produce {json_path}")
+            raise TargetError(f"`make p4-v1model` did not produce {json_path}")
     return json_path
 
 

@@ -7,8 +7,9 @@ Once gRPC listens and every port is open, one line goes to stdout (flushed), e.g
 
     lhc-softswitch ready: grpc=127.0.0.1:9559 device_id=1 ports=1@veth1,2@127.0.0.1:19520/udp
 
-with the ports actually bound (``--grpc-addr 127.0.0.1:0`` or a UDP port 0 picks a free one). Harnesses
-wait for it. Logs go to stderr.
+with the ports actually bound (``--grpc-addr 127.0.0.1:0`` picks a free port; a UDP port 0 the first free
+one of the lhc range, and a UDP port outside that range is refused). Harnesses wait for it. Logs go to
+stderr.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import threading
 
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.dataplane import DataPlane
-from softswitch.pipeline import Pipeline, PipelineMismatch
+from softswitch.pipeline import Pipeline
 from softswitch.ports import Port, PortSpecError, open_port, parse_port_specs
+from softswitch.program import PipelineMismatch
 from softswitch.server import P4RuntimeService, start_server
 
 log = logging.getLogger("softswitch")
@@ -41,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", action="append", default=[], metavar="N@IFACE",
                         help="attach switch port N to interface IFACE with AF_PACKET (root); repeatable")
     parser.add_argument("--udp", action="append", default=[], metavar="N@HOST:UDPPORT",
-                        help="run switch port N as UDP on HOST:UDPPORT (no root); N@ may be left out "
-                             "(next free number); repeatable")
+                        help="run switch port N as UDP on HOST:UDPPORT (no root), UDPPORT in the lhc range "
+                             "or 0 (a free one in it); N@ may be left out (next free number); repeatable")
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
     return parser

@@ -105,9 +105,28 @@ def parse_udp_spec(spec: str, next_free: int) -> PortSpec:
     except OSError:
         raise PortSpecError(f"{spec!r}: {match.group(2)!r} is not an IPv4 address") from None
     udp_port = int(match.group(3))
-    if not 0 <= udp_port < 1 << 16:
-        raise PortSpecError(f"{spec!r}: UDP port must be 0..65535 (0 picks a free one)")
+    if udp_port != 0 and udp_port & c.UDP_PORT_MASK != c.UDP_PORT_BASE:
+        raise PortSpecError(
+            f"{spec!r}: UDP port {udp_port} is outside the lhc range {c.UDP_PORT_BASE}.."
+            f"{c.UDP_PORT_BASE + c.UDP_PORT_COUNT - 1}: every datagram to it would be plain UDP, which the "
+            "switch drops without a counter (use a port in the range, or 0 for a free one in it)"
+        )
     return PortSpec(number, host=host, udp_port=udp_port)
+
+
+def _bind_lhc_port(sock: socket.socket, spec: PortSpec) -> None:
+    """Bind ``sock`` to the spec's address; port 0 takes the first free port of the lhc range (a port
+    outside it would see only plain UDP)."""
+    assert spec.host is not None and spec.udp_port is not None
+    ports = [spec.udp_port] if spec.udp_port else range(c.UDP_PORT_BASE, c.UDP_PORT_BASE + c.UDP_PORT_COUNT)
+    for port in ports:
+        try:
+            sock.bind((spec.host, port))
+            return
+        except OSError as exc:
+            error = exc
+    sock.close()
+    raise PortSpecError(f"port {spec.describe()}: cannot bind: {error.strerror}") from None
 
 
 def parse_port_specs(ifaces: list[str], udps: list[str]) -> list[PortSpec]:
@@ -134,11 +153,7 @@ class UdpPort:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
-        try:
-            self.sock.bind((spec.host, spec.udp_port))
-        except OSError as exc:
-            self.sock.close()
-            raise PortSpecError(f"port {spec.describe()}: cannot bind: {exc.strerror}") from None
+        _bind_lhc_port(self.sock, spec)
         self.sock.setblocking(False)
         self.address = self.sock.getsockname()
         self.spec = PortSpec(spec.number, host=spec.host, udp_port=self.address[1])  # port 0: the one bound

@@ -16,7 +16,7 @@ from p4.v1 import p4runtime_pb2 as p4v1
 from lhc_ina import constants as c
 from lhc_ina.jobs import SET_JOB, JobLayout, WorkerEndpoint, job_entries
 from lhc_ina.p4info import P4InfoIndex
-from lhc_ina.wire import LhcHeader, build_frame, pack_packet
+from lhc_ina.wire import LhcHeader, build_frame, pack_packet, stream_position
 from softswitch.entities import canonical
 
 SWITCH_MAC = "02:00:00:00:00:fe"
@@ -95,8 +95,8 @@ def data_frame(job: JobLayout, rank: int, words: np.ndarray | list[int], *, src_
 
 
 def position(job: JobLayout, p: int) -> dict[str, int]:
-    """Where packet ``p`` of the job's stream goes (docs/protocol.md): slot, copy and seq."""
-    return {"slot": p % job.slot_count, "ver": (p // job.slot_count) % 2, "seq": p & 0xFFFFFFFF}
+    """Where packet ``p`` of the job's stream goes: slot, copy and seq (``lhc_ina.wire.stream_position``)."""
+    return stream_position(p, job.slot_count)
 
 
 def make_job(job_id: int, job_index: int, workers: int | Sequence[WorkerEndpoint], *, first_port: int = 1,

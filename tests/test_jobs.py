@@ -121,6 +121,7 @@ def test_tofino_needs_one_pipe_and_leaves_the_recirculation_port_alone():
     rejected(two_pipes, r"workers on pipes \[0, 1\]: a job's workers must share one pipe", target="tna")
     recirc = job(workers=(worker(0, switch_port=128 + 68), worker(1, switch_port=130)))
     rejected(recirc, r"rank 0: switch port 196 is its pipe's recirculation port", target="tna")
+    rejected(job(3, fan_in=2), r"fan-in 2 must equal the 3 workers on Tofino", target="tna")
     job_entries(job(3), target="tna")
     with pytest.raises(ValueError, match="unknown target 'tofino2'"):
         validate(job(2), target="tofino2")  # type: ignore[arg-type]

@@ -363,15 +363,16 @@ def test_switch_md_names_what_the_p4info_has(p4info: P4InfoIndex) -> None:
 
 # --- the TNA program ----------------------------------------------------------------------------------
 #: Tofino-1: MAU stages and stateful ALUs per stage; the slot logic takes the first TNA_SLOT_STAGES stages
-#: (jobs and workers | bitmaps | seen | count), the value register pairs fill the others (docs/tofino.md).
+#: (jobs and workers | rounds | bitmaps | seen), the value register pairs fill the others (docs/tofino.md).
 TOFINO1_STAGES = 12
 TOFINO1_SALUS_PER_STAGE = 4
 TNA_SLOT_STAGES = 4
-#: What each internal `update_A_B` table does, by key (vmode, remaining, op); `_` is a wildcard.
+#: What each internal `update_A_B` table does, by key (vmode, seen, op); `_` is a wildcard. A repeat
+#: (SAME with its bit already seen) matches nothing: values untouched.
 TNA_UPDATE_ENTRIES = [
-    (("LHC_VMODE_NEW", "0", "_"), "first"),
-    (("LHC_VMODE_NEW", "_", f"2w{c.Op.ADD.value}"), "add"),
-    (("LHC_VMODE_NEW", "_", f"2w{c.Op.OR.value}"), "or"),
+    (("LHC_VMODE_START", "_", "_"), "first"),
+    (("LHC_VMODE_SAME", "0", f"2w{c.Op.ADD.value}"), "add"),
+    (("LHC_VMODE_SAME", "0", f"2w{c.Op.OR.value}"), "or"),
     (("LHC_VMODE_OR", "_", "_"), "or"),
     (("LHC_VMODE_HI", "_", "_"), "hi"),
 ]
@@ -423,7 +424,7 @@ def test_tna_has_the_v1model_tables_and_actions(tna: P4Program, v1model: P4Progr
         for action in table.actions:
             assert tna.actions[action] == v1model.actions[action], action
     internal = set(tna.tables) - set(v1model.tables)
-    want = {f"LhcIngress.update_{a}_{a + 1}" for a in range(0, c.LANES, 2)}
+    want = {f"LhcIngress.update_{a}_{a + 1}" for a in range(0, c.LANES, 2)} | {"LhcIngress.full_round"}
     assert internal == want
     for name in internal:
         table = tna.tables[name]
@@ -455,7 +456,7 @@ def test_tna_every_lane_is_in_exactly_one_register_pair(tna: P4Program) -> None:
             assert f"action do_{kind}_{a}_{b}() {{ {body} }}" in norm, (kind, a)
         # The table that picks one of them, applied once per pass.
         table = tna.tables[f"LhcIngress.update_{a}_{b}"]
-        keys = ["meta.vmode", "meta.remaining", "hdr.lhc.op"]
+        keys = ["meta.vmode", "meta.seen", "hdr.lhc.op"]
         assert table.keys == [(key, "TERNARY") for key in keys]
         body = _block(ingress, ingress.index("{", ingress.index(f"table update_{a}_{b} ")))
         want = [(keys, f"do_{kind}_{a}_{b}") for keys, kind in TNA_UPDATE_ENTRIES]
@@ -470,7 +471,8 @@ def test_tna_register_actions_per_register_fit_tofino(tna: P4Program) -> None:
     registers = re.findall(r"\bRegister<[^;]*?>\([^)]*\)\s*(\w+);", ingress)
     per_register = {r: len(re.findall(rf"RegisterAction<[^()]*>\(\s*{r}\s*\)", ingress)) for r in registers}
     assert per_register and all(1 <= n <= 4 for n in per_register.values()), per_register
-    assert len(registers) == c.LANES // 2 + 3  # the pairs, bitmap_c0, bitmap_c1, count
+    # the pairs, round_stale_c0/c1, round_start_c0/c1, bitmaps
+    assert len(registers) == c.LANES // 2 + 5
 
 
 def test_tna_register_outputs_are_what_they_mean(tna: P4Program) -> None:

@@ -2,10 +2,11 @@
 
 - bf-p4c compiles ``p4src/tna/lhc.p4`` for Tofino-1 without a warning, and its assembler writes the
   binary (``pipe/tofino.bin``) and the driver's ``pipe/context.json``.
-- The placement is docs/tofino.md's: 12 stages at most, the slot state in stages 1 (bitmaps) and 3
-  (count), the value register pairs four per stage after it.
-- The stateful ALUs return what the program means: the stored value (``mem_lo``) where a RegisterAction
-  returns a half before updating it (bf-p4c 9.13.4 can silently pick the updated one, ``alu_lo``).
+- The placement is docs/tofino.md's: 12 stages at most, the slot state in stages 1 (rounds) and 2
+  (bitmaps), the value register pairs four per stage after `seen`.
+- The stateful ALUs return what the program means: the stored value (``mem_*``) where a RegisterAction
+  returns a half before updating it (bf-p4c 9.13.4 can silently pick the updated one, ``alu_*``), the
+  updated one where it means that.
 - The ingress parser keeps its selects (a compiler without p4lang/p4c#5753 silently drops them).
 
 They skip (conftest.py) where no Tofino compiler is found: ``bf-p4c`` from Intel's SDE, ``$BF_P4C``, or
@@ -72,13 +73,14 @@ def test_placement_fits_tofino1(compiled: tuple[Path, str]) -> None:
     tables = {t["name"]: t for t in json.loads((out / "pipe" / "context.json").read_text())["tables"]}
     stages = {name: _stages(t) for name, t in tables.items() if _stages(t)}
     assert max(s for found in stages.values() for s in found) < TOFINO1_STAGES
-    # The slot state, then every value register pair: all lanes in the first pass.
-    assert stages["LhcIngress.bitmap_c0"] == stages["LhcIngress.bitmap_c1"] == [1]
-    assert stages["LhcIngress.count"] == [3]
+    # The slot state (rounds, then bitmaps), then every value register pair: all lanes in the first pass.
+    rounds = [f"LhcIngress.round_{kind}_{copy}" for kind in ("stale", "start") for copy in ("c0", "c1")]
+    assert all(stages[name] == [1] for name in rounds), {name: stages[name] for name in rounds}
+    assert stages["LhcIngress.bitmaps"] == [2]
     pairs = [f"LhcIngress.values_{a}_{a + 1}" for a in range(0, c.LANES, 2)]
     per_stage = Counter(s for name in pairs for s in stages[name])
     assert sum(per_stage.values()) == len(pairs), "each pair register lives in one stage"
-    assert min(per_stage) > stages["LhcIngress.count"][0]
+    assert min(per_stage) > stages["LhcIngress.bitmaps"][0] + 1, "values wait for `seen`"
     assert all(n <= TOFINO1_SALUS_PER_STAGE for n in per_stage.values()), per_stage
     for a in range(0, c.LANES, 2):
         assert stages[f"LhcIngress.update_{a}_{a + 1}"] == stages[f"LhcIngress.values_{a}_{a + 1}"]
@@ -97,11 +99,12 @@ def test_stateful_alus_return_what_the_program_means(compiled: tuple[Path, str])
         assert body, action
         return re.search(r"- output (.*)", body.group(1)).group(1)
 
-    # Join returns the bitmap as found (0 after a lazy reset); count the count as found (0: first).
-    assert output("bitmap_c0_join").endswith("mem_lo")
-    assert output("bitmap_c1_join").endswith("mem_lo")
-    assert output("count_new").endswith("mem_lo")
-    assert output("count_peek").endswith("mem_lo")
+    # The stale check returns the stored epoch, the start check the one it just wrote (both nonzero);
+    # join returns the bitmap as found.
+    for copy in ("c0", "c1"):
+        assert output(f"round_stale_{copy}_check").endswith("mem_hi"), copy
+        assert output(f"round_start_{copy}_check").endswith("alu_hi"), copy
+    assert output("bitmap_join").endswith("mem_lo")
     for a in range(0, c.LANES, 2):
         for kind in ("first", "add", "or"):
             assert output(f"{kind}_{a}_{a + 1}").endswith("alu_lo"), (kind, a)  # the updated low half

@@ -19,7 +19,8 @@ from lhc_ina.jobs import ip_to_int as ip_int
 from lhc_ina.jobs import mac_to_int as mac_int
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.entities import Entities
-from softswitch.pipeline import Pipeline, PipelineMismatch
+from softswitch.pipeline import Pipeline
+from softswitch.program import PipelineMismatch
 from softswitch.testing import (
     SWITCH_IP,
     SWITCH_MAC,
@@ -344,8 +345,8 @@ def test_missing_replica_drops_only_that_copy_and_missing_group_drops_all(switch
 def test_multicast_group_0_sends_one_copy_to_port_0_as_bmv2(switch):
     pipeline, _ = switch
     job = make_job(1, 1, 2)
-    install(switch, job)
-    pipeline.jobs.entries[1] = (*pipeline.jobs.entries[1][:5], 0, job.epoch)  # set_job(mcast_grp=0)
+    for up in job_updates(INDEX, job, broken={"mcast_grp": 0}):  # a broken entry on purpose
+        switch[1].write(up)
     out = aggregate(pipeline, job, [words(), words()])
     assert [port for port, _ in out] == [0]
     assert parse(out[0][1])[3] == wire.ip_bytes(job.workers[0].ip)  # egress_rid 0's replica rewrite

@@ -199,14 +199,35 @@ def test_port_specs():
         with pytest.raises(ValueError, match=r"port number|expected N@IFACE"):
             parse_port_specs(bad, [])
     with pytest.raises(ValueError, match="given twice"):
-        parse_port_specs(["1@veth1"], ["1@127.0.0.1:1"])
+        parse_port_specs(["1@veth1"], ["1@127.0.0.1:19521"])
     with pytest.raises(ValueError, match="not an IPv4 address"):
         parse_port_specs([], ["1@localhost.x:5"])
 
 
+@pytest.mark.parametrize("port", [1, c.UDP_PORT_BASE - 1, c.UDP_PORT_BASE + c.UDP_PORT_COUNT, 65535])
+def test_a_udp_port_outside_the_lhc_range_is_refused(port):
+    with pytest.raises(ValueError, match=rf"UDP port {port} is outside the lhc range 19520\.\.19535: every "
+                                         "datagram to it would be plain UDP"):
+        parse_port_specs([], [f"1@127.0.0.1:{port}"])
+
+
+def test_udp_port_0_binds_a_free_port_of_the_lhc_range_and_says_which():
+    host = f"127.{RNG.integers(1, 255)}.{RNG.integers(0, 256)}.{RNG.integers(1, 255)}"
+    rx = bytearray(70000)
+    first = UdpPort(PortSpec(1, host=host, udp_port=0), rx)
+    second = UdpPort(PortSpec(2, host=host, udp_port=0), rx)
+    try:
+        assert first.address == (host, c.UDP_PORT_BASE) and second.address == (host, c.UDP_PORT_BASE + 1)
+        assert second.spec.describe() == f"2@{host}:{c.UDP_PORT_BASE + 1}/udp"
+    finally:
+        first.close()
+        second.close()
+
+
 def test_udp_port_synthesizes_a_valid_frame_and_sends_the_udp_payload():
     rx = bytearray(70000)
-    port = UdpPort(PortSpec(4, host="127.0.0.1", udp_port=0), rx)
+    host = f"127.{RNG.integers(1, 255)}.{RNG.integers(0, 256)}.{RNG.integers(1, 255)}"
+    port = UdpPort(PortSpec(4, host=host, udp_port=0), rx)
     peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     peer.bind(("127.0.0.1", 0))
     peer.settimeout(3)
@@ -216,7 +237,8 @@ def test_udp_port_synthesizes_a_valid_frame_and_sends_the_udp_payload():
         length = port.receive()
         frame = bytes(rx[:length])
         assert length == 42 + 9 and frame[42:] == b"lhc bytes"
-        assert frame[0:6] == b"\x02\x00\x7f\x00\x00\x01" and frame[6:12] == b"\x02\x00\x7f\x00\x00\x01"
+        mac = b"\x02\x00" + socket.inet_aton(host)  # the port's own address, as both MACs
+        assert frame[0:6] == mac and frame[6:12] == b"\x02\x00\x7f\x00\x00\x01"
         ip = frame[14:34]
         assert wire.ipv4_checksum(ip[:10] + b"\0\0" + ip[12:]) == int.from_bytes(ip[10:12], "big")
         assert (ip[9], int.from_bytes(ip[2:4], "big"), ip[8]) == (c.IP_PROTO_UDP, 20 + 8 + 9, 64)

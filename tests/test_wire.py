@@ -118,3 +118,12 @@ def test_frame_offsets_locate_every_field_build_frame_writes() -> None:
     assert int.from_bytes(frame[wire.UDP_LEN : wire.UDP_LEN + 2], "big") == c.UDP_LENGTH
     assert frame[wire.UDP_CHECKSUM : wire.UDP_CHECKSUM + 2] == b"\0\0"
     assert frame[wire.FRAME_LHC : wire.FRAME_END] == lhc
+
+
+def test_stream_position_maps_packets_to_slot_copy_and_seq():
+    stream_position = wire.stream_position
+    assert [tuple(stream_position(p, 3).values()) for p in range(7)] == [
+        (0, 0, 0), (1, 0, 1), (2, 0, 2), (0, 1, 3), (1, 1, 4), (2, 1, 5), (0, 0, 6)]
+    assert stream_position((1 << 32) + 5, 4) == {"slot": 1, "ver": 1, "seq": 5}  # seq wraps, p does not
+    with pytest.raises(ValueError, match="need p >= 0 and slot_count >= 1"):
+        stream_position(1, 0)

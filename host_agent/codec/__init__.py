@@ -1,4 +1,4 @@
-"""Lossless homomorphic compression for in-network aggregation (DESIGN §1).
+"""Lossless homomorphic compression for in-network aggregation (docs/architecture.md §1).
 
 Each worker marks its nonzero items in an OR-aggregated index (exact bitmap or blocked Bloom filter)
 and adds its quantized values into an ADD-aggregated partitioned Count Sketch (``sketch`` mode), or sends

@@ -1,9 +1,10 @@
 """One worker's side of an aggregation: a state machine a transport can drive, one worker per process.
 
-Protocol (DESIGN §1), in rounds; each round is one or two *steps*, and each step is one message whose
-words every worker sends with the same op and the same length, the transport reduces (ADD: int32 sum mod
-2^32, OR: bitwise or) and every worker receives back. All lengths and decisions after a round follow from
-what that round returned, which is identical on every worker, so no other agreement is ever needed.
+Protocol (docs/architecture.md §1, docs/codec.md), in rounds; each round is one or two *steps*, and each
+step is one message whose words every worker sends with the same op and the same length, the transport
+reduces (ADD: int32 sum mod 2^32, OR: bitwise or) and every worker receives back. All lengths and
+decisions after a round follow from what that round returned, which is identical on every worker, so no
+other agreement is ever needed.
 
 ``sketch``
   1. (only without a size estimate or, for floats, without a known scale) OR header; ADD item count.

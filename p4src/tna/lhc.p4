@@ -2,14 +2,15 @@
 //
 // docs/tofino.md explains the layout and gives bf-p4c's measured placement; in short:
 //   - Every register is touched by at most one RegisterAction per pass, and has at most four.
-//   - Slot state: `bitmap_c0` / `bitmap_c1` (one register per copy, indexed by slot_base + slot, each cell a
-//     {bitmap, epoch} pair, so a packet joins its copy and leaves the other in one stage) and `count`
-//     ({remaining, epoch} per cell). The epoch lives next to the state it guards: the lazy reset is part of
-//     the same RegisterAction.
+//   - Slot state: the round of each copy, {seq, epoch}, held twice (`round_stale_cV` says whether the
+//     packet is of an older round, `round_start_cV` whether it starts one: a Tofino-1 stateful ALU has one
+//     output), one register per copy indexed by slot_base + slot; then `bitmaps` (per cell). A round is
+//     finished when its bitmap is the job's full mask (TNA admits only fan_in == the worker count), which
+//     the const table `full_round` tells; there is no count-down register.
 //   - Values: all LANES lanes in 64-bit register pairs `values_A_B` (lanes A and A + 1), updated in the
 //     first pass. A stateful ALU returns 32 bits, so the update returns the low half; the high halves of a
 //     result are read in a second pass. Only results (and retransmitted results) recirculate.
-//   - One slot-logic stage each: jobs + workers | bitmaps | seen | count; the 32 pair registers fill the
+//   - One slot-logic stage each: jobs + workers | rounds | bitmaps | seen; the 32 pair registers fill the
 //     other 8 stages, 4 stateful ALUs each.
 //   - ADD is bit<32> addition: wraps mod 2^32 (Tofino's stateful ALU adds without saturation).
 //   - A job's workers sit on one pipe (registers are per pipe); the recirculation port is that pipe's.
@@ -56,12 +57,12 @@ struct lhc_eg_headers_t {
     lhc_t      lhc;
 }
 
-// What the value registers do with this packet (the key of the `update_A_B` tables).
-const bit<8> LHC_VMODE_NONE = 0;  // nothing (not lhc, dropped, ...)
-const bit<8> LHC_VMODE_NEW = 1;   // a new contribution: first (remaining == 0), add or or
-const bit<8> LHC_VMODE_DUP = 2;   // a duplicate: values untouched in this pass
-const bit<8> LHC_VMODE_OR = 3;    // OR zeros: read the low halves (retransmission, second pass)
-const bit<8> LHC_VMODE_HI = 4;    // read the high halves (result or retransmission, last pass)
+// What the value registers do with this packet (the key of the `update_A_B` tables, with meta.seen).
+const bit<8> LHC_VMODE_NONE = 0;   // nothing (not lhc, dropped, stale, ...)
+const bit<8> LHC_VMODE_START = 1;  // the first contribution of a round: its words become the values
+const bit<8> LHC_VMODE_SAME = 2;   // the copy's round: add or or (seen == 0), or a repeat (values untouched)
+const bit<8> LHC_VMODE_OR = 3;     // OR zeros: read the low halves (retransmission, second pass)
+const bit<8> LHC_VMODE_HI = 4;     // read the high halves (result or retransmission, last pass)
 
 struct lhc_ig_metadata_t {
     bit<1>  later;         // a recirculated pass (set by the parser)
@@ -73,13 +74,14 @@ struct lhc_ig_metadata_t {
     bit<16> mcast_grp;
     bit<32> epoch;         // the job's epoch, widened to the register half
     bit<32> worker_bit;
-    bit<32> fan_in_m1;     // fan_in - 1
     bit<16> slot;          // slot_base + slot: the bitmap registers' index
     bit<16> slot_room;     // slot_count - slot mod 2^16: in [1, MAX_SLOTS] exactly when slot < slot_count
     cell_index_t cell;     // ver ++ slot
-    bit<32> old_bitmap;    // this copy's bitmap before this packet (0 after a lazy reset)
-    bit<32> seen;          // old_bitmap & worker_bit
-    bit<32> remaining;     // count: before this packet, 0 for the first of a round (new); as found (duplicate)
+    bit<32> stale;         // nonzero: the packet is of a round older than its copy's (round_stale_cV)
+    bit<32> starts;        // nonzero: it starts the copy's round: a fresh copy or a newer round
+    bit<32> old_bitmap;    // this copy's bitmap before this packet (0 for the first of a round)
+    bit<32> seen;          // old_bitmap & worker_bit: a repeat
+    bit<1>  finished;      // hdr.lhc.bitmap (old | this worker) is the job's full mask (full_round)
     bit<8>  vmode;
     bit<8>  stat;
 }
@@ -109,13 +111,14 @@ parser LhcIngressParser(packet_in packet,
         meta.mcast_grp = 0;
         meta.epoch = 0;
         meta.worker_bit = 0;
-        meta.fan_in_m1 = 0;
         meta.slot = 0;
         meta.slot_room = 0;
         meta.cell = 0;
+        meta.stale = 0;
+        meta.starts = 0;
         meta.old_bitmap = 0;
         meta.seen = 0;
-        meta.remaining = 0;
+        meta.finished = 0;
         meta.vmode = LHC_VMODE_NONE;
         meta.stat = 0;
         transition select(ig_intr_md.ingress_port[6:0]) {
@@ -178,7 +181,7 @@ parser LhcIngressParser(packet_in packet,
     table update_##A##_##B {                                                                      \
         key = {                                                                                   \
             meta.vmode: ternary;                                                                  \
-            meta.remaining: ternary;                                                              \
+            meta.seen: ternary;                                                                   \
             hdr.lhc.op: ternary;                                                                  \
         }                                                                                         \
         actions = { do_first_##A##_##B; do_add_##A##_##B; do_or_##A##_##B; do_hi_##A##_##B;       \
@@ -186,9 +189,9 @@ parser LhcIngressParser(packet_in packet,
         const default_action = NoAction();                                                        \
         size = 8;                                                                                 \
         const entries = {                                                                         \
-            (LHC_VMODE_NEW, 0, _): do_first_##A##_##B();                                          \
-            (LHC_VMODE_NEW, _, LHC_OP_ADD): do_add_##A##_##B();                                   \
-            (LHC_VMODE_NEW, _, LHC_OP_OR): do_or_##A##_##B();                                     \
+            (LHC_VMODE_START, _, _): do_first_##A##_##B();                                        \
+            (LHC_VMODE_SAME, 0, LHC_OP_ADD): do_add_##A##_##B();                                  \
+            (LHC_VMODE_SAME, 0, LHC_OP_OR): do_or_##A##_##B();                                    \
             (LHC_VMODE_OR, _, _): do_or_##A##_##B();                                              \
             (LHC_VMODE_HI, _, _): do_hi_##A##_##B();                                              \
         }                                                                                         \
@@ -211,55 +214,56 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
     // --- slot state ---------------------------------------------------------------------------------
     // Branch order matters below: bf-p4c 9.13.4 decides whether `rv = v.lo` outputs the stored value
     // (mem_lo) or the updated one (alu_lo) by whether *any* earlier statement, even in the other branch
-    // of an if, wrote v.lo. So the branch that returns the stored value and then updates it comes first.
-    // {lo: bitmap, hi: epoch} of copy 0 / copy 1, indexed by slot_base + slot.
-    Register<pair_t, bit<16>>(LHC_MAX_SLOTS) bitmap_c0;
-    Register<pair_t, bit<16>>(LHC_MAX_SLOTS) bitmap_c1;
-    // {lo: remaining, hi: epoch}, indexed by cell.
-    Register<pair_t, cell_index_t>(LHC_SLOT_CELLS) count;
-
-#define LHC_TNA_BITMAP_ACTIONS(REG)                                                               \
-    /* Join this copy: lazy reset on a new epoch, then set the worker's bit; return the old bits. */ \
-    RegisterAction<pair_t, bit<16>, bit<32>>(REG) REG##_join = {                                  \
+    // of an if, wrote v.lo. So a branch that returns a stored half comes before any write of that half.
+    //
+    // The round of each copy, {lo: seq, hi: epoch}, indexed by slot_base + slot; two registers hold the
+    // same value, each answering one question. Both record the packet's seq unless it is older than the
+    // copy's round (equal: no change; newer or a fresh copy: the packet starts that round). Comparisons are
+    // unsigned: hosts never let seq wrap within an epoch (docs/protocol.md). Where v1model starts only the
+    // round 2 * slot_count after a finished one, this starts any newer round: for hosts that keep the
+    // window rule these are the same packets (docs/switch.md, "Round identity"; docs/tofino.md).
+#define LHC_TNA_ROUND_REGISTERS(C)                                                                \
+    Register<pair_t, bit<16>>(LHC_MAX_SLOTS) round_stale_##C;                                     \
+    Register<pair_t, bit<16>>(LHC_MAX_SLOTS) round_start_##C;                                     \
+    /* Nonzero (the epoch) when the packet's round is older than the copy's: it is dropped. */    \
+    RegisterAction<pair_t, bit<16>, bit<32>>(round_stale_##C) round_stale_##C##_check = {         \
         void apply(inout pair_t v, out bit<32> rv) {                                              \
-            if (v.hi == meta.epoch) {                                                             \
-                rv = v.lo;                                                                        \
-                v.lo = v.lo | meta.worker_bit;                                                    \
+            if (v.hi == meta.epoch && hdr.lhc.seq < v.lo) {                                       \
+                rv = v.hi;                                                                        \
             } else {                                                                              \
                 rv = 0;                                                                           \
-                v.lo = meta.worker_bit;                                                           \
+                v.lo = hdr.lhc.seq;                                                               \
                 v.hi = meta.epoch;                                                                \
             }                                                                                     \
         }                                                                                         \
     };                                                                                            \
-    /* Leave the other copy: the worker holds its result. */                                      \
-    RegisterAction<pair_t, bit<16>, bit<32>>(REG) REG##_leave = {                                 \
-        void apply(inout pair_t v) {                                                              \
-            v.lo = v.lo & ~meta.worker_bit;                                                       \
+    /* Nonzero (the epoch) when the packet starts the copy's round: a fresh copy or a newer one. */ \
+    RegisterAction<pair_t, bit<16>, bit<32>>(round_start_##C) round_start_##C##_check = {         \
+        void apply(inout pair_t v, out bit<32> rv) {                                              \
+            if (v.hi != meta.epoch || hdr.lhc.seq > v.lo) {                                       \
+                v.lo = hdr.lhc.seq;                                                               \
+                v.hi = meta.epoch;                                                                \
+                rv = v.hi;                                                                        \
+            } else {                                                                              \
+                rv = 0;                                                                           \
+            }                                                                                     \
         }                                                                                         \
     };
-    LHC_TNA_BITMAP_ACTIONS(bitmap_c0)
-    LHC_TNA_BITMAP_ACTIONS(bitmap_c1)
+    LHC_TNA_ROUND_REGISTERS(c0)
+    LHC_TNA_ROUND_REGISTERS(c1)
 
-    // A new contribution counts down; the first of a round (or of a new epoch) starts at fan_in - 1.
-    // It returns the count before this packet, 0 for the first of a round (a Tofino-1 stateful ALU has one
-    // output: the old low half, or nothing): 1 or (0 and fan_in == 1) means this packet finishes the copy.
-    RegisterAction<pair_t, cell_index_t, bit<32>>(count) count_new = {
-        void apply(inout pair_t v, out bit<32> rv) {
-            if (v.hi == meta.epoch && v.lo != 0) {
-                rv = v.lo;
-                v.lo = v.lo - 1;
-            } else {
-                rv = 0;
-                v.lo = meta.fan_in_m1;
-                v.hi = meta.epoch;
-            }
+    // The contributors of each copy's round, indexed by cell. The first of a round sets its bit alone;
+    // a later packet of the round ORs its bit in and gets the bitmap as found (its bit set: a repeat).
+    Register<bit<32>, cell_index_t>(LHC_SLOT_CELLS) bitmaps;
+    RegisterAction<bit<32>, cell_index_t, bit<32>>(bitmaps) bitmap_start = {
+        void apply(inout bit<32> v) {
+            v = meta.worker_bit;
         }
     };
-    // A duplicate only looks (0: the copy is finished).
-    RegisterAction<pair_t, cell_index_t, bit<32>>(count) count_peek = {
-        void apply(inout pair_t v, out bit<32> rv) {
-            rv = v.lo;
+    RegisterAction<bit<32>, cell_index_t, bit<32>>(bitmaps) bitmap_join = {
+        void apply(inout bit<32> v, out bit<32> rv) {
+            rv = v;
+            v = v | meta.worker_bit;
         }
     };
 
@@ -361,7 +365,6 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
     action accept() {
         meta.row = meta.job_index;
         meta.cell = hdr.lhc.ver ++ meta.slot[(LHC_SLOT_INDEX_BITS - 1):0];
-        meta.fan_in_m1 = (bit<32>)(meta.fan_in - 1);
         hdr.recirc.setValid();
         hdr.recirc.flags = 0;
         hdr.recirc.mcast_grp = meta.mcast_grp;
@@ -369,21 +372,42 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         hdr.recirc.sender_port = ig_intr_md.ingress_port;
     }
 
+    action start_round() {
+        bitmap_start.execute(meta.cell);
+        meta.old_bitmap = 0;
+        meta.vmode = LHC_VMODE_START;
+    }
+
+    action join_round() {
+        meta.old_bitmap = bitmap_join.execute(meta.cell);
+        meta.vmode = LHC_VMODE_SAME;
+    }
+
     // An action, so that bf-p4c keeps `seen` a field for the gateway instead of folding in the AND.
-    // A result's bitmap is the copy's bitmap with this worker in it (a duplicate's bit is already there).
+    // A result's bitmap is the copy's bitmap with this worker in it (a repeat's bit is already there).
     action note_bitmap() {
         meta.seen = meta.old_bitmap & meta.worker_bit;
         hdr.lhc.bitmap = meta.old_bitmap | meta.worker_bit;
     }
 
-    action count_contribution() {
-        meta.remaining = count_new.execute(meta.cell);
-        meta.vmode = LHC_VMODE_NEW;
+    // Is the round's bitmap, this packet's bit included, the job's full mask? The job's ranks are
+    // 0 .. fan_in - 1 (TNA admission: fan_in == the worker count), so the mask is 2^fan_in - 1.
+    action round_is_full() {
+        meta.finished = 1;
     }
 
-    action count_duplicate() {
-        meta.remaining = count_peek.execute(meta.cell);
-        meta.vmode = LHC_VMODE_DUP;
+#define LHC_TNA_FULL_MASK(N, MASK) (N, MASK): round_is_full();
+    table full_round {
+        key = {
+            meta.fan_in: exact;
+            hdr.lhc.bitmap: exact;
+        }
+        actions = { round_is_full; @defaultonly NoAction; }
+        const default_action = NoAction();
+        size = LHC_MAX_WORKERS;
+        const entries = {
+            LHC_FOR_EACH_FULL_MASK(LHC_TNA_FULL_MASK)
+        }
     }
 
     // --- outcomes -------------------------------------------------------------------------------------
@@ -494,19 +518,22 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                 reject_in_job((bit<8>)LHC_STAT_DROP_BAD_WORKER);
             } else {
                 accept();
-                // Join this copy, leave the other (a no-op for a duplicate: its bit is clear there).
                 if (hdr.lhc.ver == 0) {
-                    meta.old_bitmap = bitmap_c0_join.execute(meta.slot);
-                    bitmap_c1_leave.execute(meta.slot);
+                    meta.stale = round_stale_c0_check.execute(meta.slot);
+                    meta.starts = round_start_c0_check.execute(meta.slot);
                 } else {
-                    meta.old_bitmap = bitmap_c1_join.execute(meta.slot);
-                    bitmap_c0_leave.execute(meta.slot);
+                    meta.stale = round_stale_c1_check.execute(meta.slot);
+                    meta.starts = round_start_c1_check.execute(meta.slot);
                 }
-                note_bitmap();
-                if (meta.seen != 0) {
-                    count_duplicate();
+                if (meta.stale != 0) {
+                    reject_in_job((bit<8>)LHC_STAT_DROP_STALE_ROUND);
                 } else {
-                    count_contribution();
+                    if (meta.starts != 0) {
+                        start_round();
+                    } else {
+                        join_round();
+                    }
+                    note_bitmap();
                 }
             }
         } else if (ig_prsr_md.parser_err != PARSER_ERROR_OK) {
@@ -521,17 +548,26 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
             l2_forward.apply();
         }
 
-        // Every pass: the value registers (meta.vmode says what to do; nothing for other packets).
+        // Every pass: the value registers (meta.vmode and meta.seen say what to do; nothing for others).
         LHC_FOR_EACH_LANE_PAIR(LHC_TNA_PAIR_APPLY)
+        if (meta.vmode == LHC_VMODE_START || meta.vmode == LHC_VMODE_SAME) {
+            full_round.apply();
+        }
 
-        if (meta.vmode == LHC_VMODE_NEW) {
-            if (meta.remaining[7:0] == 1 || (meta.remaining[7:0] == 0 && meta.fan_in == 1)) {
+        if (meta.vmode == LHC_VMODE_START) {
+            if (meta.finished == 1) {
                 result();
             } else {
                 absorbed();
             }
-        } else if (meta.vmode == LHC_VMODE_DUP) {
-            if (meta.remaining[7:0] == 0) {
+        } else if (meta.vmode == LHC_VMODE_SAME) {
+            if (meta.seen == 0) {
+                if (meta.finished == 1) {
+                    result();
+                } else {
+                    absorbed();
+                }
+            } else if (meta.finished == 1) {
                 retransmit();
             } else {
                 duplicate();

@@ -1,0 +1,106 @@
+"""The TNA program's round logic, checked without a Tofino compiler.
+
+p4src/tna/lhc.p4 keeps each copy's round twice, in `round_stale_cV` and `round_start_cV`, because a
+Tofino-1 stateful ALU answers one question per packet. The two must hold the same {seq, epoch} after every
+packet, and between them sort a packet into stale, start or the copy's round exactly as docs/switch.md's
+"Round identity" says. This test runs the two RegisterActions' bodies, as written in the P4 source, through
+a small interpreter over every case, and checks the const table that tells a finished round.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pytest
+from test_p4_program import TNA_P4, _block, _const_entries, _register_actions, parse_program, preprocess
+
+from lhc_ina import constants as c
+
+
+@dataclass
+class Cell:
+    lo: int
+    hi: int
+
+
+def run(body: str, cell: Cell, seq: int, epoch: int) -> int:
+    """Execute a RegisterAction body (if/else blocks and assignments) on ``cell``; its output."""
+    env = {"v_lo": cell.lo, "v_hi": cell.hi, "seq": seq, "epoch": epoch, "rv": 0}
+
+    def expr(text: str) -> int:
+        text = text.replace("&&", " and ").replace("||", " or ")
+        text = text.replace("v.lo", "v_lo").replace("v.hi", "v_hi")
+        text = text.replace("hdr.lhc.seq", "seq").replace("meta.epoch", "epoch")
+        assert re.fullmatch(r"[\w\s<>=!()]+", text), text
+        return eval(text, {"__builtins__": {}}, env)  # P4 conditions of our own source, checked above
+
+    def block(text: str) -> None:
+        text = text.strip()
+        while text:
+            m = re.match(r"if\s*\((.*?)\)\s*\{", text)
+            if m:
+                then = _block(text, m.end() - 1)
+                rest = text[m.end() + len(then) + 1 :].strip()
+                other = ""
+                if rest.startswith("else"):
+                    rest = rest[len("else") :].strip()
+                    other = _block(rest, 0)
+                    rest = rest[len(other) + 2 :].strip()
+                block(then if expr(m.group(1)) else other)
+                text = rest
+                continue
+            m = re.match(r"(v\.lo|v\.hi|rv)\s*=\s*([^;]+);", text)
+            assert m, text
+            env[m.group(1).replace(".", "_")] = expr(m.group(2))
+            text = text[m.end() :].strip()
+
+    block(body)
+    cell.lo, cell.hi = env["v_lo"], env["v_hi"]
+    return env["rv"]
+
+
+@pytest.fixture(scope="module")
+def actions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    text = preprocess(TNA_P4, tmp_path_factory.mktemp("cpp_tna_rounds"))
+    return _register_actions(parse_program(text).controls["LhcIngress"])
+
+
+@pytest.mark.parametrize("copy", ["c0", "c1"])
+@pytest.mark.parametrize("stored_epoch, stored_round, seq, want", [
+    (5, 100, 100, "same"),
+    (5, 100, 116, "start"),   # the copy's next round
+    (5, 100, 84, "stale"),    # the round before
+    (5, 100, 0, "stale"),     # any older one
+    (4, 100, 3, "start"),     # a copy stamped with another epoch: fresh
+    (0, 0, 0, "start"),       # never used since the registers were reset
+    (5, 0xFFFFFFF0, 7, "stale"),  # unsigned: hosts never let seq wrap within an epoch
+])
+def test_the_round_registers_sort_each_packet_and_stay_equal(actions, copy, stored_epoch, stored_round,
+                                                            seq, want):
+    epoch = 5
+    stale_cell, start_cell = Cell(stored_round, stored_epoch), Cell(stored_round, stored_epoch)
+    register, stale_body = actions[f"round_stale_{copy}_check"]
+    assert register == f"round_stale_{copy}"
+    register, start_body = actions[f"round_start_{copy}_check"]
+    assert register == f"round_start_{copy}"
+    stale = run(stale_body, stale_cell, seq, epoch)
+    starts = run(start_body, start_cell, seq, epoch)
+    got = "stale" if stale else "start" if starts else "same"
+    assert got == want
+    assert stale_cell == start_cell, "both registers must hold the same round"
+    if want == "stale":
+        assert stale_cell == Cell(stored_round, stored_epoch), "a stale packet writes nothing"
+    else:
+        assert stale_cell == Cell(seq, epoch)
+    for flag in (stale, starts):
+        assert flag in (0, epoch), "a flag is the epoch (never 0) or 0"
+
+
+def test_full_round_knows_every_full_mask(tmp_path_factory: pytest.TempPathFactory):
+    text = preprocess(TNA_P4, tmp_path_factory.mktemp("cpp_tna_full"))
+    ingress = parse_program(text).controls["LhcIngress"]
+    body = _block(ingress, ingress.index("{", ingress.index("table full_round ")))
+    entries = _const_entries(body)
+    want = [((f"8w{n}", f"32w{(1 << n) - 1:#x}"), "round_is_full") for n in range(1, c.MAX_WORKERS + 1)]
+    assert entries == want
