@@ -62,10 +62,11 @@ class Liveness:
         """Why ``job`` has failed, or "" while it is alive."""
         if job.state is JobState.PENDING and now - job.created_at > job.join_timeout_s:
             joined = "; ".join(m.describe() for m in job.members) or "none"
-            missing = job.workers - len(job.members)
+            missing = sorted(set(range(job.workers)) - {m.rank for m in job.members})
+            ranks = ", ".join(map(str, missing))
             return (
-                f"{missing} of {job.workers} workers (ranks {len(job.members)}..{job.workers - 1}) did not "
-                f"join within {job.join_timeout_s:g} s; joined: {joined}"
+                f"{len(missing)} of {job.workers} workers (ranks {ranks}) did not join within "
+                f"{job.join_timeout_s:g} s; joined: {joined}"
             )
         if job.state is not JobState.ACTIVE:
             return ""

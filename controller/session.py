@@ -130,10 +130,11 @@ class SwitchSession:
 
     # -- the thread --
     def _set_state(self, state: str, error: str = "") -> None:
-        if state != self.status.state:
-            log.warning("switch %s: %s", self.address, state) if error else log.info(
-                "switch %s: %s", self.address, state
-            )
+        """Record what the session is doing; log it when it changes (warnings carry the error)."""
+        if error and (state, error) != (self.status.state, self.status.last_error):
+            log.warning("switch %s: %s: %s", self.address, state, error)
+        elif not error and state != self.status.state:
+            log.info("switch %s: %s", self.address, state)
         self.status.state = state
         if error:
             self.status.last_error = error
@@ -151,7 +152,7 @@ class SwitchSession:
             try:
                 client.connect(require_primary=False)
             except P4RuntimeError as exc:
-                self._set_state(f"unreachable, retrying in {delay:.1f} s", str(exc).splitlines()[0])
+                self._set_state("unreachable; reconnecting with backoff", str(exc).splitlines()[0])
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.backoff[1])
                 continue
@@ -194,10 +195,12 @@ class SwitchSession:
                     self._set_state("backup: another controller is primary; not writing")
                     self._reconcile(client, write=False)
             except P4RuntimeError as exc:
-                self._set_state("switch error; will retry", str(exc).splitlines()[0])
+                self._set_state("switch error; will retry", " ".join(str(exc).split()))
                 if exc.code == grpc.StatusCode.UNAVAILABLE:
                     return
                 prepared = prepared and exc.code != grpc.StatusCode.FAILED_PRECONDITION
+                self._wake.wait(self.backoff[1])  # retry sooner than the next periodic pass
+                continue
             else:
                 with self._done:
                     self._served = max(self._served, ticket)

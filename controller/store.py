@@ -13,6 +13,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from controller import errors
@@ -189,7 +190,7 @@ class JobStore:
     def join(
         self, ref: str, member: MemberRecord, check: Callable[[JobRecord, MemberRecord], None]
     ) -> tuple[JobRecord, int]:
-        """Add ``member`` (its rank is ignored: the next free one is given); returns the job and the rank.
+        """Add ``member`` with the lowest free rank (its own is ignored); returns the job and the rank.
         ``check`` (admission's) sees the job as this transaction does, after the duplicate checks. The job
         turns ACTIVE when its last worker joins."""
         with self.transaction() as db:
@@ -206,14 +207,15 @@ class JobStore:
                     )
             if len(job.members) >= job.workers:
                 raise errors.precondition(f"job {job.name!r} has all its {job.workers} workers")
-            check(job, member)
-            rank = len(job.members)
+            taken = {m.rank for m in job.members}
+            rank = min(r for r in range(job.workers) if r not in taken)
+            check(job, replace(member, rank=rank))
             db.execute(
                 "INSERT INTO members (job_id, rank, name, ip, udp_port, mac, switch_port) "
                 "VALUES (?,?,?,?,?,?,?)",
                 (job.job_id, rank, member.name, member.ip, member.udp_port, member.mac, member.switch_port),
             )
-            if rank + 1 == job.workers:
+            if len(job.members) + 1 == job.workers:
                 db.execute("UPDATE jobs SET state = ? WHERE job_id = ?", (JobState.ACTIVE.value, job.job_id))
             return self._find(db, str(job.job_id)), rank
 
@@ -225,11 +227,8 @@ class JobStore:
             if member is None:
                 raise errors.not_found(f"job {job.name!r} has no rank {rank}")
             if job.state is JobState.PENDING:
-                # Before the job starts a leave gives the rank back: renumber so ranks stay 0..n-1.
+                # Before the job starts a leave frees the rank for the next join; the others keep theirs.
                 db.execute("DELETE FROM members WHERE job_id = ? AND rank = ?", (job.job_id, rank))
-                db.execute(
-                    "UPDATE members SET rank = rank - 1 WHERE job_id = ? AND rank > ?", (job.job_id, rank)
-                )
                 return False
             db.execute("UPDATE members SET left_job = 1 WHERE job_id = ? AND rank = ?", (job.job_id, rank))
             if all(m.left or m.rank == rank for m in job.members):
