@@ -230,10 +230,8 @@ class SwitchSession:
             if stored_cookie and loaded[1] == stored_cookie:
                 self._set_state("primary: pipeline verified (cookie matches)")
                 return True
+        # Push first, then renew: a crash in between leaves the old cookie, so the next start renews again.
         cookie = secrets.randbits(63) or 1
-        if loaded is None:
-            self.store.forget_slot_epochs()  # a new pipeline starts with zeroed registers
-        renewed = self.store.renew_epochs()
         if loaded is None:
             client.set_pipeline(self.target.p4info, self.target.device_config, cookie=cookie)
             what = "had no pipeline: pushed it"
@@ -250,6 +248,9 @@ class SwitchSession:
                     raise
                 client.set_pipeline(self.target.p4info, self.target.device_config, cookie=cookie)
             what = "runs a pipeline this store did not push: re-tagged it"
+        if loaded is None:
+            self.store.forget_slot_epochs()  # a freshly loaded pipeline starts with zeroed registers
+        renewed = self.store.renew_epochs()
         self.store.set_meta(COOKIE_KEY, cookie)
         self._set_state(f"primary: switch {what}; new epochs for {len(renewed)} job(s)")
         return True

@@ -141,7 +141,10 @@ def test_silent_worker_fails_the_job_and_its_entries_leave(setup):
     a = client.join("beat", ip="127.0.0.1", udp_port=6000, name="steady")
     client.join("beat", ip="127.0.0.1", udp_port=6001, name="quiet")
     assert client.status("beat").installed
-    beats = client.start_heartbeats("beat", a.rank, interval=0.5)
+    seen: list[tuple[int, bool]] = []
+    beats = client.start_heartbeats(
+        "beat", a.rank, interval=0.5, on_change=lambda i: seen.append((i.state, i.installed))
+    )
     try:
         failed = next(i for i in client.watch("beat", timeout=60) if i.state == pb.FAILED)
         assert "rank 1 'quiet' 127.0.0.1:6001" in failed.failure and "steady" not in failed.failure
@@ -149,6 +152,7 @@ def test_silent_worker_fails_the_job_and_its_entries_leave(setup):
         while (beats.latest is None or beats.latest.state != pb.FAILED) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert beats.latest.state == pb.FAILED  # the live worker learns it from its heartbeat
+        assert seen[0] == (pb.ACTIVE, True) and seen[-1] == (pb.FAILED, False)
     finally:
         beats.stop()
     deadline = time.monotonic() + 30
