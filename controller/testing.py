@@ -207,8 +207,7 @@ class ControllerProcess(_Process):
         return super().terminate(timeout)
 
     def kill(self) -> None:
-        if hasattr(self, "client"):
-            self.client.close()
+        """kill -9; the client stays open (calls fail UNAVAILABLE) until ``client.close()``."""
         super().kill()
 
     def __enter__(self) -> ControllerProcess:
@@ -217,6 +216,8 @@ class ControllerProcess(_Process):
     def __exit__(self, *exc: object) -> None:
         if self.running():
             self.terminate()
+        else:
+            self.client.close()
 
 
 def switch_state(switch: SoftswitchProcess | Bmv2Process) -> SwitchState:

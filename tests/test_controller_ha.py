@@ -104,6 +104,7 @@ def test_kill_9_during_admissions_leaves_a_consistent_store(switch, tmp_path):
         stop.set()
         for t in threads:
             t.join(30)
+        ctl.client.close()
         store = JobStore(tmp_path / DB_NAME)
         assert store_problems(store) == [], f"round {round_}"
         store.close()
