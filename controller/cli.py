@@ -119,10 +119,8 @@ def _show(info: pb.JobInfo) -> str:
         )
     lines.append(_table(rows))
     if info.counters:
-        lines.append(
-            "switch counters: " + ", ".join(f"{k.lower()}={v}" for k, v in info.counters.items() if v)
-            or "switch counters: all zero"
-        )
+        nonzero = ", ".join(f"{k.lower()}={v}" for k, v in sorted(info.counters.items()) if v)
+        lines.append(f"switch counters: {nonzero or 'all zero'}")
     return "\n".join(lines)
 
 

@@ -67,6 +67,7 @@ def test_cli_job_commands_tables_json_and_exit_codes(setup):
     assert [j["name"] for j in as_json["jobs"]] == ["cli-job"] and as_json["jobs"][0]["slot_count"] == 16
     shown = json.loads(cli(ctl, "--json", "job", "show", "cli-job").stdout)
     assert shown["state"] == "PENDING" and shown["workers"] == 2
+    assert "switch counters: all zero" in cli(ctl, "job", "show", "cli-job").stdout
     status = cli(ctl, "switch", "status")
     assert status.returncode == 0 and "connected, primary" in status.stdout, status.stdout
     assert json.loads(cli(ctl, "--json", "switch", "status").stdout)["primary"] is True
