@@ -9,6 +9,7 @@ transactions start with ``BEGIN IMMEDIATE`` so that concurrent writers queue ins
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -68,8 +69,6 @@ _JOB_COLUMNS = (
 
 def default_state_dir() -> Path:
     """``$XDG_STATE_HOME/lhc-controller`` (``~/.local/state/lhc-controller``)."""
-    import os
-
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "lhc-controller"
 
@@ -103,6 +102,16 @@ class JobStore:
                 raise
             self._db.execute("COMMIT")
 
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: several SELECTs see one state, even while another process writes."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                yield self._db
+            finally:
+                self._db.execute("COMMIT")
+
     def _migrate(self) -> None:
         with self.transaction() as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -119,9 +128,8 @@ class JobStore:
 
     # -- meta --
     def meta(self, key: str, default: int = 0) -> int:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return default if row is None else int(row[0])
+        with self.snapshot() as db:
+            return _get_meta(db, key, default)
 
     def set_meta(self, key: str, value: int) -> None:
         with self.transaction() as db:
@@ -129,14 +137,14 @@ class JobStore:
 
     # -- reads --
     def jobs(self) -> list[JobRecord]:
-        with self._lock:
-            rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY job_id").fetchall()
-            return [self._record(self._db, row) for row in rows]
+        with self.snapshot() as db:
+            rows = db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY job_id").fetchall()
+            return [self._record(db, row) for row in rows]
 
     def job(self, ref: str) -> JobRecord:
         """A job by name or decimal id; NOT_FOUND names what was asked for."""
-        with self._lock:
-            return self._find(self._db, ref)
+        with self.snapshot() as db:
+            return self._find(db, ref)
 
     def slot_usage(self) -> tuple[int, int]:
         """(free slots, total slots)."""
