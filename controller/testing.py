@@ -103,8 +103,8 @@ class SoftswitchProcess(_Process):
                     raise
 
     def _start(self, grpc_port: int) -> None:
-        argv = ["softswitch.cli", "--grpc-addr", f"127.0.0.1:{grpc_port}",
-                "--udp", f"{self.switch_port}@{self.host}:{self.udp_port}", "--log-level", "INFO"]  # fmt: skip
+        udp = f"{self.switch_port}@{self.host}:{self.udp_port}"
+        argv = ["softswitch.cli", "--grpc-addr", f"127.0.0.1:{grpc_port}", "--udp", udp, "--log-level", "INFO"]
         self.grpc_addr = self._spawn(argv, SWITCH_READY)["grpc"]
 
     @property
