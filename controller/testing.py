@@ -104,7 +104,7 @@ class SoftswitchProcess(_Process):
 
     def _start(self, grpc_port: int) -> None:
         udp = f"{self.switch_port}@{self.host}:{self.udp_port}"
-        argv = ["softswitch.cli", "--grpc-addr", f"127.0.0.1:{grpc_port}", "--udp", udp, "--log-level", "INFO"]
+        argv = ["softswitch.cli", "--grpc-addr", f"127.0.0.1:{grpc_port}", "--udp", udp, "--log-level=INFO"]
         self.grpc_addr = self._spawn(argv, SWITCH_READY)["grpc"]
 
     @property
