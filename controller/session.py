@@ -105,6 +105,8 @@ class SwitchSession:
         """Reconcile now and wait (at most ``timeout`` s) until the switch equals the store; False when it
         could not be done in time (switch away, not primary)."""
         ticket = self.request_reconcile()
+        if not (self.status.connected and self.status.primary):
+            return False  # it will reach the switch when this controller drives it again
         deadline = time.monotonic() + timeout
         with self._done:
             while self._served < ticket:
