@@ -3,7 +3,8 @@
     client = JobClient("127.0.0.1:9560")
     client.create_job("train", workers=2)
     joined = client.join("train", ip="127.0.0.1", udp_port=40000)   # rank, slots, epoch, switch address
-    client.wait_installed("train")                                  # entries on the switch: send DATA
+    job = client.wait_installed("train")     # entries on the switch: send DATA with job.epoch (it
+                                             # changes if the switch lost its state since the join)
     beats = client.start_heartbeats("train", joined.rank)           # or call heartbeat() yourself
     ...
     beats.stop(); client.leave("train", joined.rank)
@@ -224,7 +225,9 @@ class JobClient:
             stream.cancel()
 
     def wait_installed(self, job: str, timeout: float = 60.0) -> pb.JobInfo:
-        """Block until the job is ACTIVE with its entries on the switch; FAILED or timeout raise."""
+        """Block until the job is ACTIVE with its entries on the switch, and return it: its ``epoch`` is
+        the one to send with (a switch that lost its state since the join gave the job a new one).
+        FAILED or the timeout raise."""
         deadline = time.monotonic() + timeout
         try:
             for info in self.watch(job, timeout=timeout):
