@@ -163,6 +163,10 @@ class SwitchSession:
             self.status.connected = True
             try:
                 self._serve(client)
+            except Exception as exc:  # a bug must not end the session: say so, then start over
+                log.exception("switch session failed")
+                self._set_state("internal error; reconnecting", f"{type(exc).__name__}: {exc}")
+                self._stop.wait(self.backoff[1])
             finally:
                 self._client = None
                 self.status.connected = self.status.primary = False
