@@ -52,11 +52,16 @@ class Liveness:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            if self.enabled():
-                for job in self.store.jobs():
-                    reason = self.check(job, time.time(), time.monotonic())
-                    if reason and self.store.fail(job.job_id, reason):
-                        self.on_failed(job.job_id, reason)
+            if not self.enabled():
+                # Not primary: agents heartbeat to the primary. Forget what was seen, so that taking
+                # primaryship (back) starts every member's grace period afresh.
+                with self._lock:
+                    self._seen.clear()
+                continue
+            for job in self.store.jobs():
+                reason = self.check(job, time.time(), time.monotonic())
+                if reason and self.store.fail(job.job_id, reason):
+                    self.on_failed(job.job_id, reason)
 
     def check(self, job: JobRecord, now: float, mono: float) -> str:
         """Why ``job`` has failed, or "" while it is alive."""
