@@ -84,15 +84,17 @@ def resolve_member(
 
 
 def check_member(job: JobRecord, member: MemberRecord, target: Target) -> None:
-    """The job with ``member`` added must still be one the switch can run exactly (lhc_ina.jobs.validate),
-    and on Tofino all its workers must share one pipe."""
-    rank = len(job.members)
-    trial = replace(job, members=(*job.members, replace(member, rank=rank)))
+    """The job with ``member`` (at its rank) added must still be one the switch can run exactly
+    (lhc_ina.jobs.validate), and on Tofino all its workers must share one pipe."""
+    members = sorted((*job.members, member), key=lambda m: m.rank)
+    # validate() wants ranks 0..n-1; a job still filling may have holes, and what it checks here (addresses,
+    # MACs, ports, duplicates) does not depend on the rank, so the trial numbers the members densely.
+    trial = replace(job, members=tuple(replace(m, rank=i) for i, m in enumerate(members)))
     try:
-        validate(replace(trial.layout(), fan_in=len(trial.members)))
+        validate(replace(trial.layout(), fan_in=len(members)))
     except InvalidJob as exc:
         raise errors.invalid(f"job {job.name!r}: {exc}") from None
-    pipes = {target.pipe_of(m.switch_port) for m in trial.members}
+    pipes = {target.pipe_of(m.switch_port) for m in members}
     if len(pipes) > 1:
         raise errors.invalid(
             f"job {job.name!r}: worker {member.address} is behind port {member.switch_port} (pipe "

@@ -6,7 +6,8 @@
 
 Exit codes: 0 done; 2 bad usage or request (INVALID_ARGUMENT); 3 no such job (NOT_FOUND); 4 refused
 (ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION); 5 unauthenticated; 6 controller unreachable;
-1 anything else.
+7 (switch status) the controller is not the switch's connected primary, or the switch runs another
+pipeline; 1 anything else.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ _EXIT = {
     grpc.StatusCode.UNAVAILABLE: 6,
     grpc.StatusCode.DEADLINE_EXCEEDED: 6,
 }
+
+
+#: ``switch status``: the controller answers, but it does not drive the switch.
+SWITCH_UNHEALTHY = 7
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,10 +124,8 @@ def _show(info: pb.JobInfo) -> str:
         )
     lines.append(_table(rows))
     if info.counters:
-        lines.append(
-            "switch counters: " + ", ".join(f"{k.lower()}={v}" for k, v in info.counters.items() if v)
-            or "switch counters: all zero"
-        )
+        nonzero = ", ".join(f"{k.lower()}={v}" for k, v in sorted(info.counters.items()) if v)
+        lines.append(f"switch counters: {nonzero or 'all zero'}")
     return "\n".join(lines)
 
 
@@ -150,6 +153,8 @@ def run_client(args: argparse.Namespace) -> int:
                 + (f"\nlast error: {s.last_error}" if s.last_error else "")
             )
             _print(args, s, text)
+            healthy = s.connected and s.primary and "mismatch" not in s.state
+            return 0 if healthy else SWITCH_UNHEALTHY
         elif args.action == "create":
             info = client.create_job(
                 args.name,

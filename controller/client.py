@@ -3,7 +3,8 @@
     client = JobClient("127.0.0.1:9560")
     client.create_job("train", workers=2)
     joined = client.join("train", ip="127.0.0.1", udp_port=40000)   # rank, slots, epoch, switch address
-    client.wait_installed("train")                                  # entries on the switch: send DATA
+    job = client.wait_installed("train")     # entries on the switch: send DATA with job.epoch (it
+                                             # changes if the switch lost its state since the join)
     beats = client.start_heartbeats("train", joined.rank)           # or call heartbeat() yourself
     ...
     beats.stop(); client.leave("train", joined.rank)
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -59,11 +60,20 @@ def _error(error: grpc.RpcError) -> ControllerError:
 
 
 class Heartbeats:
-    """A thread that heartbeats one member every ``interval`` s and keeps the latest answer."""
+    """A thread that heartbeats one member every ``interval`` s and keeps the latest answer.
 
-    def __init__(self, client: JobClient, job: str, rank: int, interval: float) -> None:
+    ``on_change`` (optional) is called from that thread with the job whenever its state, epoch or
+    installation differs from the previous answer (the first answer included): how an agent learns a
+    new epoch after a switch restart, or that its job failed, without polling fast.
+    """
+
+    def __init__(
+        self, client: JobClient, job: str, rank: int, interval: float,
+        on_change: Callable[[pb.JobInfo], None] | None = None,
+    ) -> None:  # fmt: skip
         self.latest: pb.JobInfo | None = None
         self.error: ControllerError | None = None
+        self._on_change = on_change
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(client, job, rank, interval), daemon=True, name=f"heartbeat-{job}-{rank}"
@@ -71,12 +81,18 @@ class Heartbeats:
         self._thread.start()
 
     def _run(self, client: JobClient, job: str, rank: int, interval: float) -> None:
+        seen = None
         while not self._stop.is_set():
             try:
                 self.latest = client.heartbeat(job, rank)
                 self.error = None
             except ControllerError as exc:
                 self.error = exc
+            else:
+                key = (self.latest.state, self.latest.epoch, self.latest.installed)
+                if key != seen and self._on_change is not None:
+                    self._on_change(self.latest)
+                seen = key
             self._stop.wait(interval)
 
     def stop(self) -> None:
@@ -174,8 +190,13 @@ class JobClient:
     def heartbeat(self, job: str, rank: int) -> pb.JobInfo:
         return self._call("Heartbeat", pb.HeartbeatRequest(job=job, rank=rank))
 
-    def start_heartbeats(self, job: str, rank: int, interval: float = 1.0) -> Heartbeats:
-        return Heartbeats(self, job, rank, interval)
+    def start_heartbeats(
+        self, job: str, rank: int, interval: float = 1.0,
+        on_change: Callable[[pb.JobInfo], None] | None = None,
+    ) -> Heartbeats:  # fmt: skip
+        """Heartbeat in a thread (see ``Heartbeats``); keep ``interval`` well below the job's
+        heartbeat timeout (a third of it, say)."""
+        return Heartbeats(self, job, rank, interval, on_change)
 
     def status(self, job: str) -> pb.JobInfo:
         return self._call("JobStatus", pb.JobStatusRequest(job=job))
@@ -204,7 +225,9 @@ class JobClient:
             stream.cancel()
 
     def wait_installed(self, job: str, timeout: float = 60.0) -> pb.JobInfo:
-        """Block until the job is ACTIVE with its entries on the switch; FAILED or timeout raise."""
+        """Block until the job is ACTIVE with its entries on the switch, and return it: its ``epoch`` is
+        the one to send with (a switch that lost its state since the join gave the job a new one).
+        FAILED or the timeout raise."""
         deadline = time.monotonic() + timeout
         try:
             for info in self.watch(job, timeout=timeout):

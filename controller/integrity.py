@@ -10,7 +10,8 @@ from lhc_ina import constants as c
 
 
 def store_problems(store: JobStore) -> list[str]:
-    """Every broken invariant, as sentences; empty for a consistent store."""
+    """Every broken invariant, as sentences; empty for a consistent store. Ranks are distinct and below
+    W (a pending job may have holes left by workers who left before it started)."""
     problems = []
     jobs = store.jobs()
     pool = SlotPool(c.MAX_SLOTS)
@@ -27,7 +28,7 @@ def store_problems(store: JobStore) -> list[str]:
         problems.append(f"two jobs share an epoch: {sorted(epochs)}")
     for job in jobs:
         ranks = [m.rank for m in job.members]
-        if ranks != list(range(len(ranks))) or len(ranks) > job.workers:
+        if len(set(ranks)) != len(ranks) or not all(0 <= r < job.workers for r in ranks):
             problems.append(f"job {job.name!r}: ranks {ranks} for {job.workers} workers")
         full = len(ranks) == job.workers
         if job.state is JobState.ACTIVE and not full:

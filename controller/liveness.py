@@ -52,20 +52,26 @@ class Liveness:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            if self.enabled():
-                for job in self.store.jobs():
-                    reason = self.check(job, time.time(), time.monotonic())
-                    if reason and self.store.fail(job.job_id, reason):
-                        self.on_failed(job.job_id, reason)
+            if not self.enabled():
+                # Not primary: agents heartbeat to the primary. Forget what was seen, so that taking
+                # primaryship (back) starts every member's grace period afresh.
+                with self._lock:
+                    self._seen.clear()
+                continue
+            for job in self.store.jobs():
+                reason = self.check(job, time.time(), time.monotonic())
+                if reason and self.store.fail(job.job_id, reason):
+                    self.on_failed(job.job_id, reason)
 
     def check(self, job: JobRecord, now: float, mono: float) -> str:
         """Why ``job`` has failed, or "" while it is alive."""
         if job.state is JobState.PENDING and now - job.created_at > job.join_timeout_s:
             joined = "; ".join(m.describe() for m in job.members) or "none"
-            missing = job.workers - len(job.members)
+            missing = sorted(set(range(job.workers)) - {m.rank for m in job.members})
+            ranks = ", ".join(map(str, missing))
             return (
-                f"{missing} of {job.workers} workers (ranks {len(job.members)}..{job.workers - 1}) did not "
-                f"join within {job.join_timeout_s:g} s; joined: {joined}"
+                f"{len(missing)} of {job.workers} workers (ranks {ranks}) did not join within "
+                f"{job.join_timeout_s:g} s; joined: {joined}"
             )
         if job.state is not JobState.ACTIVE:
             return ""

@@ -11,6 +11,7 @@ and multicast group, so a packet never finds a job whose other entries are missi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ from controller.topology import Topology
 from lhc_ina import jobs as lj
 from lhc_ina.jobs import MulticastGroupSpec, TableEntrySpec
 from lhc_ina.p4rt import EntityBuilder, P4RuntimeClient, decode_table_entry
+
+log = logging.getLogger("lhc-controller.reconcile")
 
 #: The tables the controller owns, in the order a removal clears them.
 MANAGED_TABLES = (
@@ -59,7 +62,11 @@ def desired_state(jobs: Iterable[JobRecord], topology: Topology | None) -> Switc
     for job in jobs:
         if job.state is not JobState.ACTIVE:
             continue
-        entries = lj.job_entries(job.layout())
+        try:
+            entries = lj.job_entries(job.layout())
+        except lj.InvalidJob as exc:  # admission validated it; a store edited by hand may not be
+            log.error("job %r is not installed: %s", job.name, exc)
+            continue
         tables.update(normalized(e) for e in entries.tables)
         groups.add(normalized_group(entries.group))
     if topology is not None:

@@ -37,6 +37,8 @@ from lhc_ina import constants as c
 log = logging.getLogger("lhc-controller")
 READY = "lhc-controller ready:"
 DEFAULT_LISTEN = "127.0.0.1:9560"
+#: Server threads: each open Watch stream holds one, so there is room for every worker of several jobs.
+_RPC_THREADS = 256
 _DATAPLANE = re.compile(r"^(?:(\d+)@)?([0-9.]+)(?::(\d+))?$")
 
 
@@ -128,7 +130,8 @@ class Controller:
             if not token:
                 raise errors.invalid(f"--token-file {args.token_file} is empty")
             interceptors.append(TokenAuth(token))
-        self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=32), interceptors=interceptors)
+        pool = futures.ThreadPoolExecutor(max_workers=_RPC_THREADS)
+        self.grpc = grpc.server(pool, interceptors=interceptors)
         pb_grpc.add_JobServiceServicer_to_server(self.service, self.grpc)
         self.port = self.grpc.add_insecure_port(args.listen)
         if not self.port:

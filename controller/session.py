@@ -105,6 +105,8 @@ class SwitchSession:
         """Reconcile now and wait (at most ``timeout`` s) until the switch equals the store; False when it
         could not be done in time (switch away, not primary)."""
         ticket = self.request_reconcile()
+        if not (self.status.connected and self.status.primary):
+            return False  # it will reach the switch when this controller drives it again
         deadline = time.monotonic() + timeout
         with self._done:
             while self._served < ticket:
@@ -130,10 +132,11 @@ class SwitchSession:
 
     # -- the thread --
     def _set_state(self, state: str, error: str = "") -> None:
-        if state != self.status.state:
-            log.warning("switch %s: %s", self.address, state) if error else log.info(
-                "switch %s: %s", self.address, state
-            )
+        """Record what the session is doing; log it when it changes (warnings carry the error)."""
+        if error and (state, error) != (self.status.state, self.status.last_error):
+            log.warning("switch %s: %s: %s", self.address, state, error)
+        elif not error and state != self.status.state:
+            log.info("switch %s: %s", self.address, state)
         self.status.state = state
         if error:
             self.status.last_error = error
@@ -151,7 +154,7 @@ class SwitchSession:
             try:
                 client.connect(require_primary=False)
             except P4RuntimeError as exc:
-                self._set_state(f"unreachable, retrying in {delay:.1f} s", str(exc).splitlines()[0])
+                self._set_state("unreachable; reconnecting with backoff", str(exc).splitlines()[0])
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.backoff[1])
                 continue
@@ -160,6 +163,10 @@ class SwitchSession:
             self.status.connected = True
             try:
                 self._serve(client)
+            except Exception as exc:  # a bug must not end the session: say so, then start over
+                log.exception("switch session failed")
+                self._set_state("internal error; reconnecting", f"{type(exc).__name__}: {exc}")
+                self._stop.wait(self.backoff[1])
             finally:
                 self._client = None
                 self.status.connected = self.status.primary = False
@@ -194,10 +201,12 @@ class SwitchSession:
                     self._set_state("backup: another controller is primary; not writing")
                     self._reconcile(client, write=False)
             except P4RuntimeError as exc:
-                self._set_state("switch error; will retry", str(exc).splitlines()[0])
+                self._set_state("switch error; will retry", " ".join(str(exc).split()))
                 if exc.code == grpc.StatusCode.UNAVAILABLE:
                     return
                 prepared = prepared and exc.code != grpc.StatusCode.FAILED_PRECONDITION
+                self._wake.wait(self.backoff[1])  # retry sooner than the next periodic pass
+                continue
             else:
                 with self._done:
                     self._served = max(self._served, ticket)
@@ -227,10 +236,8 @@ class SwitchSession:
             if stored_cookie and loaded[1] == stored_cookie:
                 self._set_state("primary: pipeline verified (cookie matches)")
                 return True
+        # Push first, then renew: a crash in between leaves the old cookie, so the next start renews again.
         cookie = secrets.randbits(63) or 1
-        if loaded is None:
-            self.store.forget_slot_epochs()  # a new pipeline starts with zeroed registers
-        renewed = self.store.renew_epochs()
         if loaded is None:
             client.set_pipeline(self.target.p4info, self.target.device_config, cookie=cookie)
             what = "had no pipeline: pushed it"
@@ -247,6 +254,9 @@ class SwitchSession:
                     raise
                 client.set_pipeline(self.target.p4info, self.target.device_config, cookie=cookie)
             what = "runs a pipeline this store did not push: re-tagged it"
+        if loaded is None:
+            self.store.forget_slot_epochs()  # a freshly loaded pipeline starts with zeroed registers
+        renewed = self.store.renew_epochs()
         self.store.set_meta(COOKIE_KEY, cookie)
         self._set_state(f"primary: switch {what}; new epochs for {len(renewed)} job(s)")
         return True

@@ -9,10 +9,12 @@ transactions start with ``BEGIN IMMEDIATE`` so that concurrent writers queue ins
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from controller import errors
@@ -67,8 +69,6 @@ _JOB_COLUMNS = (
 
 def default_state_dir() -> Path:
     """``$XDG_STATE_HOME/lhc-controller`` (``~/.local/state/lhc-controller``)."""
-    import os
-
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "lhc-controller"
 
@@ -102,6 +102,16 @@ class JobStore:
                 raise
             self._db.execute("COMMIT")
 
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: several SELECTs see one state, even while another process writes."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                yield self._db
+            finally:
+                self._db.execute("COMMIT")
+
     def _migrate(self) -> None:
         with self.transaction() as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -118,9 +128,8 @@ class JobStore:
 
     # -- meta --
     def meta(self, key: str, default: int = 0) -> int:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return default if row is None else int(row[0])
+        with self.snapshot() as db:
+            return _get_meta(db, key, default)
 
     def set_meta(self, key: str, value: int) -> None:
         with self.transaction() as db:
@@ -128,14 +137,14 @@ class JobStore:
 
     # -- reads --
     def jobs(self) -> list[JobRecord]:
-        with self._lock:
-            rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY job_id").fetchall()
-            return [self._record(self._db, row) for row in rows]
+        with self.snapshot() as db:
+            rows = db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY job_id").fetchall()
+            return [self._record(db, row) for row in rows]
 
     def job(self, ref: str) -> JobRecord:
         """A job by name or decimal id; NOT_FOUND names what was asked for."""
-        with self._lock:
-            return self._find(self._db, ref)
+        with self.snapshot() as db:
+            return self._find(db, ref)
 
     def slot_usage(self) -> tuple[int, int]:
         """(free slots, total slots)."""
@@ -189,7 +198,7 @@ class JobStore:
     def join(
         self, ref: str, member: MemberRecord, check: Callable[[JobRecord, MemberRecord], None]
     ) -> tuple[JobRecord, int]:
-        """Add ``member`` (its rank is ignored: the next free one is given); returns the job and the rank.
+        """Add ``member`` with the lowest free rank (its own is ignored); returns the job and the rank.
         ``check`` (admission's) sees the job as this transaction does, after the duplicate checks. The job
         turns ACTIVE when its last worker joins."""
         with self.transaction() as db:
@@ -206,14 +215,15 @@ class JobStore:
                     )
             if len(job.members) >= job.workers:
                 raise errors.precondition(f"job {job.name!r} has all its {job.workers} workers")
-            check(job, member)
-            rank = len(job.members)
+            taken = {m.rank for m in job.members}
+            rank = min(r for r in range(job.workers) if r not in taken)
+            check(job, replace(member, rank=rank))
             db.execute(
                 "INSERT INTO members (job_id, rank, name, ip, udp_port, mac, switch_port) "
                 "VALUES (?,?,?,?,?,?,?)",
                 (job.job_id, rank, member.name, member.ip, member.udp_port, member.mac, member.switch_port),
             )
-            if rank + 1 == job.workers:
+            if len(job.members) + 1 == job.workers:
                 db.execute("UPDATE jobs SET state = ? WHERE job_id = ?", (JobState.ACTIVE.value, job.job_id))
             return self._find(db, str(job.job_id)), rank
 
@@ -225,11 +235,8 @@ class JobStore:
             if member is None:
                 raise errors.not_found(f"job {job.name!r} has no rank {rank}")
             if job.state is JobState.PENDING:
-                # Before the job starts a leave gives the rank back: renumber so ranks stay 0..n-1.
+                # Before the job starts a leave frees the rank for the next join; the others keep theirs.
                 db.execute("DELETE FROM members WHERE job_id = ? AND rank = ?", (job.job_id, rank))
-                db.execute(
-                    "UPDATE members SET rank = rank - 1 WHERE job_id = ? AND rank > ?", (job.job_id, rank)
-                )
                 return False
             db.execute("UPDATE members SET left_job = 1 WHERE job_id = ? AND rank = ?", (job.job_id, rank))
             if all(m.left or m.rank == rank for m in job.members):

@@ -80,6 +80,10 @@ class _Process:
         return "".join(self.stderr)
 
 
+def _random_loopback() -> str:
+    return f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+
+
 class SoftswitchProcess(_Process):
     """``lhc-softswitch --udp 1@HOST:19520`` on a random loopback HOST; ``restart`` keeps its addresses."""
 
@@ -87,25 +91,21 @@ class SoftswitchProcess(_Process):
     moves_udp = True
 
     def __init__(self, grpc_port: int = 0, host: str | None = None) -> None:
-        self.host = host or f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
         self.udp_port = c.UDP_PORT_BASE
         self.switch_port = 1
-        self._start(grpc_port)
+        for attempt in range(5):  # another run may hold the lhc port on the random address: pick again
+            self.host = host or _random_loopback()
+            try:
+                self._start(grpc_port)
+                return
+            except RuntimeError:
+                if host or attempt == 4:
+                    raise
 
     def _start(self, grpc_port: int) -> None:
-        fields = self._spawn(
-            [
-                "softswitch.cli",
-                "--grpc-addr",
-                f"127.0.0.1:{grpc_port}",
-                "--udp",
-                f"{self.switch_port}@{self.host}:{self.udp_port}",
-                "--log-level",
-                "INFO",
-            ],
-            SWITCH_READY,
-        )
-        self.grpc_addr = fields["grpc"]
+        udp = f"{self.switch_port}@{self.host}:{self.udp_port}"
+        argv = ["softswitch.cli", "--grpc-addr", f"127.0.0.1:{grpc_port}", "--udp", udp, "--log-level=INFO"]
+        self.grpc_addr = self._spawn(argv, SWITCH_READY)["grpc"]
 
     @property
     def dataplane(self) -> str:
@@ -207,8 +207,7 @@ class ControllerProcess(_Process):
         return super().terminate(timeout)
 
     def kill(self) -> None:
-        if hasattr(self, "client"):
-            self.client.close()
+        """kill -9; the client stays open (calls fail UNAVAILABLE) until ``client.close()``."""
         super().kill()
 
     def __enter__(self) -> ControllerProcess:
@@ -217,6 +216,8 @@ class ControllerProcess(_Process):
     def __exit__(self, *exc: object) -> None:
         if self.running():
             self.terminate()
+        else:
+            self.client.close()
 
 
 def switch_state(switch: SoftswitchProcess | Bmv2Process) -> SwitchState:

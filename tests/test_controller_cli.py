@@ -32,7 +32,9 @@ def setup(tmp_path_factory) -> Iterator[tuple[SoftswitchProcess, ControllerProce
     topology.write_text(json.dumps(TOPOLOGY))
     with (
         SoftswitchProcess() as sw,
-        ControllerProcess(sw, state, "--topology", str(topology), "--metrics-addr", "127.0.0.1:0") as ctl,
+        ControllerProcess(
+            sw, state, "--topology", str(topology), "--metrics-addr", "127.0.0.1:0", election_id=5
+        ) as ctl,
     ):
         ctl.wait_for_switch()
         yield sw, ctl, state
@@ -48,8 +50,8 @@ def cli(ctl: ControllerProcess, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_cli_job_commands_tables_json_and_exit_codes(setup):
-    _sw, ctl, _state = setup
+def test_cli_job_commands_tables_json_and_exit_codes(setup, tmp_path):
+    sw, ctl, _state = setup
     made = cli(ctl, "job", "create", "cli-job", "--workers", "2", "--slots", "16")
     assert made.returncode == 0, made.stderr
     assert "job cli-job (id" in made.stdout and "PENDING" in made.stdout
@@ -67,10 +69,15 @@ def test_cli_job_commands_tables_json_and_exit_codes(setup):
     assert [j["name"] for j in as_json["jobs"]] == ["cli-job"] and as_json["jobs"][0]["slot_count"] == 16
     shown = json.loads(cli(ctl, "--json", "job", "show", "cli-job").stdout)
     assert shown["state"] == "PENDING" and shown["workers"] == 2
+    assert "switch counters: all zero" in cli(ctl, "job", "show", "cli-job").stdout
     status = cli(ctl, "switch", "status")
     assert status.returncode == 0 and "connected, primary" in status.stdout, status.stdout
     assert json.loads(cli(ctl, "--json", "switch", "status").stdout)["primary"] is True
 
+    # switch status says, by its exit code, whether the controller drives the switch.
+    with ControllerProcess(sw, tmp_path, election_id=2) as backup:
+        backup.wait_for_switch(primary=False)
+        assert cli(backup, "switch", "status").returncode == 7
     missing = cli(ctl, "job", "show", "nope")
     assert missing.returncode == 3 and "NOT_FOUND: no job named 'nope'" in missing.stderr
     twice = cli(ctl, "job", "create", "cli-job", "--workers", "2")

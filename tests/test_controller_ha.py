@@ -73,6 +73,32 @@ def test_backup_writes_nothing_and_takes_over_when_the_primary_dies(switch, tmp_
     worker.close()
 
 
+@pytest.mark.timeout(180)
+def test_primary_that_loses_primaryship_stops_writing_and_takes_it_back(switch, tmp_path):
+    with ControllerProcess(switch, tmp_path, "--reconcile-interval", "0.5", election_id=5) as first:
+        first.wait_for_switch()
+        first.client.create_job("kept", workers=1, slots=4)
+        first.client.join("kept", ip="127.0.0.1", udp_port=4000)
+        written = first.client.switch_status().updates_written
+        with ControllerProcess(switch, tmp_path, election_id=10) as higher:
+            higher.wait_for_switch(primary=True)
+            first.wait_for_switch(primary=False)
+            assert "backup" in first.client.switch_status().state
+            with pytest.raises(ControllerError) as info:
+                first.client.create_job("refused", workers=1)
+            assert info.value.code == grpc.StatusCode.UNAVAILABLE
+            assert higher.client.switch_status().updates_written == 0  # shared store: nothing to change
+            higher.client.create_job("added", workers=1, slots=4)
+            higher.client.join("added", ip="127.0.0.1", udp_port=4001)
+        # The higher one left: the switch gives primaryship back and the first one carries on.
+        first.wait_for_switch(primary=True)
+        _wait(lambda: first.client.status("added").installed, "the first controller sees the new job")
+        assert first.client.switch_status().updates_written == written
+        assert switch_state(switch) == store_state(tmp_path)
+        first.client.delete_job("added")
+        assert first.client.switch_status().updates_written > written
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill_9_during_admissions_leaves_a_consistent_store(switch, tmp_path):
@@ -104,6 +130,7 @@ def test_kill_9_during_admissions_leaves_a_consistent_store(switch, tmp_path):
         stop.set()
         for t in threads:
             t.join(30)
+        ctl.client.close()
         store = JobStore(tmp_path / DB_NAME)
         assert store_problems(store) == [], f"round {round_}"
         store.close()

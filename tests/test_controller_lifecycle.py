@@ -106,14 +106,17 @@ def test_leave_ends_the_job_with_its_last_member(switch, workers, tmp_path):
     with ControllerProcess(switch, tmp_path) as ctl:
         ctl.wait_for_switch()
         client = ctl.client
-        client.create_job("short", workers=2, slots=4)
+        client.create_job("short", workers=3, slots=4)
         first = client.join("short", ip="127.0.0.1", udp_port=workers[0].port)
-        # Leaving before the job starts gives the rank back.
+        second = client.join("short", ip="127.0.0.1", udp_port=workers[1].port)
+        # Leaving before the job starts frees the rank for the next join; the others keep theirs.
         assert client.leave("short", first.rank) is False
-        assert len(client.status("short").members) == 0
-        ranks = [client.join("short", ip="127.0.0.1", udp_port=w.port).rank for w in workers[:2]]
-        assert ranks == [0, 1] and client.status("short").installed
-        assert client.leave("short", 0) is False
+        assert [m.rank for m in client.status("short").members] == [1]
+        again = client.join("short", ip="127.0.0.1", udp_port=workers[2].port)
+        last = client.join("short", ip="127.0.0.1", udp_port=workers[0].port)
+        assert (again.rank, second.rank, last.rank) == (0, 1, 2) and last.job.installed
+        assert switch_state(switch) == store_state(tmp_path)
+        assert client.leave("short", 0) is False and client.leave("short", 2) is False
         assert switch_state(switch) == store_state(tmp_path) and switch_state(switch).tables
         assert client.leave("short", 1) is True
         assert client.list_jobs() == [] and not switch_state(switch).tables

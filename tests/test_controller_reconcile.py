@@ -5,6 +5,7 @@ what someone else changed on the switch is put back."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -137,3 +138,30 @@ def test_changes_made_while_the_controller_was_away_are_undone(switch, workers, 
         assert switch_state(switch) == want == store_state(tmp_path)
         if switch.moves_udp:
             aggregate_once(workers, slot=2, seq=2, rng=RNG)
+
+
+@pytest.mark.timeout(180)
+def test_controller_outlives_an_absent_switch_and_installs_when_it_comes(workers, tmp_path):
+    with SoftswitchProcess() as switch:
+        switch.terminate()  # its address is known, nothing listens there
+        with ControllerProcess(switch, tmp_path) as ctl:
+            _admit_without_switch(ctl, workers)
+            assert not ctl.client.status("job").installed
+            deadline = time.monotonic() + 60
+            while "unreachable" not in ctl.client.switch_status().state and time.monotonic() < deadline:
+                time.sleep(0.1)
+            status = ctl.client.switch_status()
+            assert not status.connected and "unreachable" in status.state and ctl.running()
+            switch.restart()
+            installed = next(i for i in ctl.client.watch("job", timeout=120) if i.installed)
+            assert switch_state(switch) == store_state(tmp_path)
+            # A switch found without a pipeline gives active jobs a new epoch: agents take it from the job.
+            for w in workers:
+                w.joined = dataclasses.replace(w.joined, epoch=installed.epoch)
+            aggregate_once(workers, slot=0, seq=0, rng=RNG)
+
+
+def _admit_without_switch(ctl: ControllerProcess, workers: list[Worker]) -> None:
+    ctl.client.create_job("job", workers=len(workers), slots=4)
+    for w in workers:
+        w.joined = ctl.client.join("job", ip="127.0.0.1", udp_port=w.port)

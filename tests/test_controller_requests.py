@@ -123,7 +123,7 @@ def test_worker_that_never_joins_fails_the_job_by_name(setup):
     client.join("late", ip="127.0.0.1", udp_port=5000, name="alice")
     client.join("late", ip="127.0.0.1", udp_port=5001, name="bob")
     failed = next(i for i in client.watch("late", timeout=60) if i.state == pb.FAILED)
-    assert "1 of 3 workers (ranks 2..2) did not join within 2 s" in failed.failure
+    assert "1 of 3 workers (ranks 2) did not join within 2 s" in failed.failure
     assert "rank 0 'alice' 127.0.0.1:5000" in failed.failure and "'bob'" in failed.failure
     _refused(
         lambda: client.join("late", ip="127.0.0.1", udp_port=5002),
@@ -141,7 +141,10 @@ def test_silent_worker_fails_the_job_and_its_entries_leave(setup):
     a = client.join("beat", ip="127.0.0.1", udp_port=6000, name="steady")
     client.join("beat", ip="127.0.0.1", udp_port=6001, name="quiet")
     assert client.status("beat").installed
-    beats = client.start_heartbeats("beat", a.rank, interval=0.5)
+    seen: list[tuple[int, bool]] = []
+    beats = client.start_heartbeats(
+        "beat", a.rank, interval=0.5, on_change=lambda i: seen.append((i.state, i.installed))
+    )
     try:
         failed = next(i for i in client.watch("beat", timeout=60) if i.state == pb.FAILED)
         assert "rank 1 'quiet' 127.0.0.1:6001" in failed.failure and "steady" not in failed.failure
@@ -149,6 +152,7 @@ def test_silent_worker_fails_the_job_and_its_entries_leave(setup):
         while (beats.latest is None or beats.latest.state != pb.FAILED) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert beats.latest.state == pb.FAILED  # the live worker learns it from its heartbeat
+        assert seen[0] == (pb.ACTIVE, True) and seen[-1] == (pb.FAILED, False)
     finally:
         beats.stop()
     deadline = time.monotonic() + 30
