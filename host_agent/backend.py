@@ -40,5 +40,9 @@ class Backend(ABC):
         """The measured round trip and rate, or None before anything was measured."""
         return None
 
+    def counters(self) -> dict[str, int]:
+        """Cumulative transport counters (packets sent, retransmissions, ...); empty when it has none."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - a backend with nothing to release need not override it
         """Release sockets, threads and memberships."""

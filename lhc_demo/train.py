@@ -23,9 +23,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from controller.processes import ControllerProcess, SoftswitchProcess, child_env
 from lhc_demo import summary
 from lhc_demo.worker import RUNS, config_arguments
-from controller.processes import ControllerProcess, SoftswitchProcess, child_env
 
 #: A worker that has not finished by then is stuck: the demo fails instead of hanging.
 RUN_TIMEOUT_S = 900

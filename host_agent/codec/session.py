@@ -200,6 +200,16 @@ class WorkerSession:
             raise RuntimeError("the next message depends on the aggregate of a pending one: receive() first")
         return None
 
+    def next_round(self) -> list[Message]:
+        """Every message of the next round (none depends on another's aggregate), in the order to send
+        them; an empty list when the aggregation is complete. Receive each one's aggregate, in order."""
+        messages = []
+        while (self._outbox or not self._started) and (msg := self.next_message()) is not None:
+            messages.append(msg)
+        if not messages and self._awaiting:
+            raise RuntimeError("the next round depends on aggregates not yet received: receive() first")
+        return messages
+
     def receive(self, words: torch.Tensor) -> None:
         """The aggregate (across all workers) of the oldest message sent and not yet received."""
         if not self._awaiting:

@@ -1,0 +1,124 @@
+"""The ``switch`` backend: a worker joined to a controller-admitted job, aggregating through the switch.
+
+Joining goes through the controller's job service: the rank, the job's slots, its epoch and the switch's
+address all come from there, and the entries are on the switch before the first packet leaves. Heartbeats
+keep the membership alive and bring back what the controller learns: an epoch change (the stream
+resynchronises under it) or a failed job (every pending aggregation raises, naming the workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import Future
+from dataclasses import replace
+
+import torch
+
+from controller import jobservice_pb2 as pb
+from controller.client import JobClient, Joined
+from host_agent.backend import Backend, LinkEstimate
+from host_agent.errors import AggregationError
+from host_agent.transport.channel import Channel, Impairment
+from host_agent.transport.packets import StreamIdentity
+from host_agent.transport.stream import PacketStream
+from lhc_ina.constants import Op
+
+#: A member whose heartbeats are older than this is named silent when a packet stalls.
+SILENT_AFTER_S = 3.0
+
+
+def _as_tensor(source: Future, target: Future) -> None:
+    if source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(torch.from_numpy(source.result()))
+
+
+class SwitchBackend(Backend):
+    """One member of a job on the switch; see :meth:`join`."""
+
+    def __init__(self, client: JobClient, job: str, joined: Joined, channel: Channel, *,
+                 timeout_s: float, heartbeat_s: float) -> None:
+        self.client = client
+        self.job = job
+        self.joined = joined
+        self.rank = joined.rank
+        self.world_size = joined.job.workers
+        self.channel = channel
+        who = StreamIdentity(joined.job_id, joined.rank, joined.epoch, joined.slot_count)
+        self.stream = PacketStream(channel, who, self.world_size, timeout_s=timeout_s,
+                                   diagnose=self._diagnose)
+        self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change)
+
+    @classmethod
+    def join(cls, controller: str, job: str, *, ip: str = "127.0.0.1", udp_port: int = 0, host: str = "",
+             name: str = "", token: str | None = None, impairment: Impairment | None = None,
+             timeout_s: float = 30.0, heartbeat_s: float = 0.5, install_timeout_s: float = 60.0,
+             ) -> SwitchBackend:
+        """Join ``job`` on the controller at ``controller`` from ``ip:udp_port`` (0: a free port), or as
+        topology host ``host``; returns once the job's entries are on the switch."""
+        client = JobClient(controller, token=token)
+        channel = Channel((ip, udp_port), impairment=impairment or Impairment())
+        try:
+            joined = client.join(job, udp_port=channel.local[1], ip="" if host else ip, host=host, name=name)
+            channel.switch = (joined.switch_ip, joined.switch_udp_port)
+            installed = client.wait_installed(job, timeout=install_timeout_s)
+            joined = replace(joined, epoch=installed.epoch)
+        except BaseException:
+            channel.close()
+            client.close()
+            raise
+        return cls(client, job, joined, channel, timeout_s=timeout_s, heartbeat_s=heartbeat_s)
+
+    def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
+        result: Future[torch.Tensor] = Future()
+        self.stream.submit(op, words.detach().cpu().numpy()).add_done_callback(
+            lambda done: _as_tensor(done, result)
+        )
+        return result
+
+    def link_estimate(self) -> LinkEstimate | None:
+        rtt, rate = self.stream.rtt.srtt, self.stream.bytes_per_s
+        return LinkEstimate(rtt, rate) if rtt is not None and rate else None
+
+    def counters(self) -> dict[str, int]:
+        return {**self.stream.stats.__dict__, **self.channel.counters.as_dict()}
+
+    def close(self) -> None:
+        self.heartbeats.stop()
+        self.stream.close()
+        self.channel.close()
+        with contextlib.suppress(Exception):  # the controller may be gone; leaving is a courtesy
+            self.client.leave(self.job, self.rank)
+        self.client.close()
+
+    # --- what the controller says --------------------------------------------------------------------
+    def _on_change(self, info: pb.JobInfo) -> None:
+        if info.state == pb.FAILED:
+            self.stream.fail(AggregationError(
+                f"job {self.job} failed: {info.failure}", _silent_ranks(info, exclude=self.rank)
+            ))
+        elif info.installed and info.epoch != self.stream.who.epoch:
+            self.stream.change_epoch(info.epoch)
+
+    def _diagnose(self, what: str) -> tuple[str, tuple[int, ...]]:
+        try:
+            info = self.client.status(self.job)
+        except Exception as exc:  # the error must name what is known even then
+            return f"{what}; the controller did not answer ({exc})", ()
+        ranks = _silent_ranks(info, exclude=self.rank)
+        if info.state == pb.FAILED:
+            return f"{what}; job {self.job} failed: {info.failure}", ranks
+        named = ", ".join(
+            f"rank {m.rank} ({m.name or m.address.ip}:{m.address.udp_port}, last heartbeat "
+            f"{m.last_heartbeat_age_s:.1f} s ago)" for m in info.members if m.rank in ranks
+        )
+        return f"{what}; silent workers: {named or 'none known to the controller'}", ranks
+
+
+def _silent_ranks(info: pb.JobInfo, exclude: int) -> tuple[int, ...]:
+    return tuple(
+        m.rank for m in info.members
+        if m.rank != exclude and (m.left or m.last_heartbeat_age_s > SILENT_AFTER_S)
+    )
+

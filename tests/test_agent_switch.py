@@ -1,0 +1,167 @@
+"""Agents aggregate through a real softswitch process admitted by a real controller, exactly.
+
+Each test creates a job on the controller, joins W agents (threads of this process, each with its own UDP
+socket) and checks every worker's result bit for bit against the plain sum of the (quantized) inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from controller.testing import ControllerProcess, SoftswitchProcess
+from host_agent.agent import Agent
+from host_agent.codec.quantize import dequantize, quantize
+from host_agent.errors import AggregationError
+from host_agent.transport.channel import Impairment
+
+_JOBS = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    state = tmp_path_factory.mktemp("controller")
+    with SoftswitchProcess() as switch, ControllerProcess(switch, Path(state)) as controller:
+        yield switch, controller
+
+
+def run_agents(controller: ControllerProcess, world: int, work: Callable[[Agent], object], *,
+               create: dict | None = None, **join: object) -> list[object]:
+    """Join ``world`` agents to a fresh job and run ``work`` on each in its own thread; the results (or
+    raised exceptions) in rank order."""
+    job = f"job-{next(_JOBS)}"
+    controller.client.create_job(job, workers=world, **(create or {}))
+    results: dict[int, object] = {}
+    agents: list[Agent] = []
+    lock = threading.Lock()
+
+    def member() -> None:
+        agent = Agent.join(controller.listen, job, **join)
+        with lock:
+            agents.append(agent)
+        try:
+            results[agent.rank] = work(agent)
+        except Exception as exc:  # the test inspects it
+            results[agent.rank] = exc
+
+    threads = [threading.Thread(target=member) for _ in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    for agent in agents:
+        agent.close()
+    assert sorted(results) == list(range(world)), "an agent never finished"
+    return [results[rank] for rank in range(world)]
+
+
+def sparse_inputs(world: int, n: int, density: float, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(world):
+        x = np.zeros(n, np.float64)
+        hit = rng.choice(n, max(1, int(n * density)), replace=False)
+        integers = dtype == torch.int32
+        x[hit] = rng.integers(-(2**20), 2**20, hit.size) if integers else rng.normal(0, 1e-2, hit.size)
+        out.append(torch.from_numpy(x).to(dtype))
+    return out
+
+
+def expected_total(inputs: list[torch.Tensor], scale: int | None) -> torch.Tensor:
+    """The plain sum of the inputs, quantized at the agreed scale when they are floats."""
+    if scale is None:
+        return torch.stack(inputs).sum(0, dtype=torch.int64).to(torch.int32)
+    total = torch.stack([quantize(x, scale) for x in inputs]).sum(0, dtype=torch.int64).to(torch.int32)
+    return dequantize(total, scale, inputs[0].dtype)
+
+
+def assert_exact(results: list[object], inputs: list[torch.Tensor]) -> None:
+    for rank, result in enumerate(results):
+        assert not isinstance(result, Exception), f"rank {rank}: {result!r}"
+        scale = result.stats["codec"].get("scale")
+        assert torch.equal(result.total, expected_total(inputs, scale)), f"rank {rank} is not exact"
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_every_mode_is_exact(stack, world: int) -> None:
+    _, controller = stack
+    cases = [(mode, dtype, density) for mode in ("sketch", "union", "dense", "auto")
+             for dtype in (torch.int32, torch.float32) for density in (0.01, 1.0)]
+    inputs = {case: sparse_inputs(world, 3000, case[2], case[1], seed=i) for i, case in enumerate(cases)}
+
+    def work(agent: Agent) -> list[object]:
+        return [agent.allreduce(inputs[case][agent.rank], mode=case[0], key=case) for case in cases]
+
+    per_rank = run_agents(controller, world, work)
+    for i, case in enumerate(cases):
+        assert_exact([results[i] for results in per_rank], inputs[case])
+
+
+@pytest.mark.parametrize("loss", [0.01, 0.10])
+def test_loss_and_duplication_both_ways_stay_exact(stack, loss: float) -> None:
+    _, controller = stack
+    inputs = sparse_inputs(4, 200_000, 0.02, torch.float32, seed=7)
+
+    def work(agent: Agent) -> tuple[object, dict]:
+        result = agent.allreduce(inputs[agent.rank], mode="sketch")
+        return result, agent.backend.counters()
+
+    per_rank = run_agents(controller, 4, work,
+                          impairment=Impairment(loss=loss, duplicate=loss, seed=None))
+    assert_exact([result for result, _ in per_rank], inputs)
+    totals = {name: sum(counters[name] for _, counters in per_rank) for name in per_rank[0][1]}
+    for name in ("dropped_out", "dropped_in", "duplicated_out", "duplicated_in", "retransmissions"):
+        assert totals[name] > 0, f"the impairment did not happen: {totals}"
+
+
+def test_disagreeing_workers_fail_on_every_worker(stack) -> None:
+    _, controller = stack
+
+    def work(agent: Agent) -> object:
+        length = 1000 if agent.rank == 0 else 1200
+        return agent.allreduce(torch.ones(length, dtype=torch.int32), mode="dense")
+
+    results = run_agents(controller, 2, work, timeout_s=5.0)
+    for result in results:
+        assert isinstance(result, AggregationError), result
+
+
+def test_a_silent_worker_is_named(stack) -> None:
+    """Rank 1 never sends: the others raise an AggregationError that names it, within the timeout."""
+    _, controller = stack
+
+    def work(agent: Agent) -> object:
+        if agent.rank == 1:
+            return "silent"
+        return agent.allreduce(torch.ones(5000, dtype=torch.int32), mode="dense")
+
+    results = run_agents(controller, 3, work, timeout_s=4.0,
+                         create={"heartbeat_timeout_s": 60.0})
+    for rank in (0, 2):
+        error = results[rank]
+        assert isinstance(error, AggregationError), error
+        assert "no result for packet" in str(error)
+
+
+def test_a_switch_restart_mid_bucket_ends_exact(stack) -> None:
+    switch, controller = stack
+    inputs = sparse_inputs(3, 400_000, 1.0, torch.int32, seed=3)
+    started = threading.Barrier(3 + 1)
+
+    def work(agent: Agent) -> object:
+        future = agent.allreduce_async(inputs[agent.rank], mode="dense")
+        started.wait(timeout=60)
+        return future.result(timeout=240)
+
+    restarter = threading.Thread(target=lambda: (started.wait(timeout=60), switch.restart()))
+    restarter.start()
+    results = run_agents(controller, 3, work, timeout_s=60.0)
+    restarter.join()
+    assert_exact(results, inputs)
+    assert any(r.stats["transport"]["epoch_changes"] > 0 for r in results)
