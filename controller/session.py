@@ -271,7 +271,8 @@ class SwitchSession:
             try:
                 client.write(updates)
             except P4RuntimeError as exc:
-                self.status.updates_written += len(updates) - len(exc.errors)  # the others were applied
+                # Per-update errors: the others were applied. None: the call itself failed.
+                self.status.updates_written += len(updates) - len(exc.errors) if exc.errors else 0
                 raise
             self.status.updates_written += len(updates)
             actual = desired
