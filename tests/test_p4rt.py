@@ -388,7 +388,7 @@ class _PiLikeServer(_FakeP4Runtime):
     """Answers GetForwardingPipelineConfig before any Set as PI does: FAILED_PRECONDITION."""
 
     def GetForwardingPipelineConfig(self, request, context):
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "No forwarding pipeline config set for this device")
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "No forwarding pipeline config set")
 
 
 def test_no_pipeline_reads_the_same_from_pi_and_from_the_spec() -> None:
