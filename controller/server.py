@@ -116,8 +116,9 @@ class Controller:
             on_change=self.changes.notify,
         )
         self.liveness = Liveness(
-            self.store, enabled=lambda: self.session.status.primary, on_failed=self._failed
-        )
+            self.store, enabled=lambda: self.session.status.primary, on_failed=self._failed,
+            topology=self.topology,
+        )  # fmt: skip
         self.service = JobService(
             self.store,
             self.session,
