@@ -41,6 +41,21 @@ def check_job_request(name: str, workers: int, slots: int, lanes: int) -> tuple[
     return slots, lanes
 
 
+def check_hosts(name: str, workers: int, hosts: list[str], topology: Topology | None) -> tuple[str, ...]:
+    """The expected workers of a job, when given: W distinct names, topology hosts where there is a
+    topology (so that a failure to join can give their addresses)."""
+    if not hosts:
+        return ()
+    if len(hosts) != workers:
+        raise errors.invalid(f"job {name!r}: {len(hosts)} hosts named for {workers} workers")
+    if len(set(hosts)) != len(hosts) or not all(h and "," not in h for h in hosts):
+        raise errors.invalid(f"job {name!r}: hosts {hosts} must be distinct non-empty names without commas")
+    if topology is not None:
+        for host in hosts:
+            topology.host(host)  # unknown: INVALID_ARGUMENT naming it
+    return tuple(hosts)
+
+
 def default_mac(ip: str) -> str:
     """02:00:a:b:c:d, softswitch's MAC for a UDP-mode address (its MACs are never used there)."""
     return "02:00:" + ":".join(f"{b:02x}" for b in ipaddress.IPv4Address(ip).packed)

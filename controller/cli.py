@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--slots", type=int, default=0, help="slots (default 64)")
     create.add_argument("--join-timeout", type=float, default=0.0)
     create.add_argument("--heartbeat-timeout", type=float, default=0.0)
+    create.add_argument("--hosts", default="", help="the W workers by name, in rank order: h1,h2,...")
     job.add_parser("list", help="all jobs")
     job.add_parser("show", help="one job, with its members and switch counters").add_argument("name")
     job.add_parser("delete", help="delete a job and free its slots").add_argument("name")
@@ -162,6 +163,7 @@ def run_client(args: argparse.Namespace) -> int:
                 slots=args.slots,
                 join_timeout_s=args.join_timeout,
                 heartbeat_timeout_s=args.heartbeat_timeout,
+                hosts=[h for h in args.hosts.split(",") if h],
             )
             _print(args, info, _show(info))
         elif args.action == "list":

@@ -134,7 +134,9 @@ class JobClient:
         lanes: int = 0,
         join_timeout_s: float = 0.0,
         heartbeat_timeout_s: float = 0.0,
+        hosts: list[str] | tuple[str, ...] = (),
     ) -> pb.JobInfo:
+        """Admit a job; ``hosts`` (optional) names its W workers in rank order."""
         return self._call(
             "CreateJob",
             pb.CreateJobRequest(
@@ -144,6 +146,7 @@ class JobClient:
                 lanes=lanes,
                 join_timeout_s=join_timeout_s,
                 heartbeat_timeout_s=heartbeat_timeout_s,
+                hosts=list(hosts),
             ),
         )
 

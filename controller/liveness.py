@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from controller.records import JobRecord, JobState
 from controller.store import JobStore
+from controller.topology import Topology
 
 
 class Liveness:
@@ -24,8 +25,10 @@ class Liveness:
         period: float = 0.5,
         enabled: Callable[[], bool] = lambda: True,
         on_failed: Callable[[int, str], None] = lambda job_id, reason: None,
+        topology: Topology | None = None,
     ) -> None:
         self.store = store
+        self.topology = topology
         self.period = period
         self.enabled = enabled
         self.on_failed = on_failed
@@ -63,15 +66,23 @@ class Liveness:
                 if reason and self.store.fail(job.job_id, reason):
                     self.on_failed(job.job_id, reason)
 
+    def _expected(self, job: JobRecord, rank: int) -> str:
+        """How to name a worker that never joined: its rank, and its name and address when known."""
+        if not job.hosts:
+            return f"rank {rank}"
+        name = job.hosts[rank]
+        if self.topology is not None and name in self.topology.hosts:
+            return f"rank {rank} {name!r} {self.topology.hosts[name].ip}"
+        return f"rank {rank} {name!r}"
+
     def check(self, job: JobRecord, now: float, mono: float) -> str:
         """Why ``job`` has failed, or "" while it is alive."""
         if job.state is JobState.PENDING and now - job.created_at > job.join_timeout_s:
             joined = "; ".join(m.describe() for m in job.members) or "none"
             missing = sorted(set(range(job.workers)) - {m.rank for m in job.members})
-            ranks = ", ".join(map(str, missing))
             return (
-                f"{len(missing)} of {job.workers} workers (ranks {ranks}) did not join within "
-                f"{job.join_timeout_s:g} s; joined: {joined}"
+                f"{len(missing)} of {job.workers} workers did not join within {job.join_timeout_s:g} s: "
+                f"{'; '.join(self._expected(job, r) for r in missing)}; joined: {joined}"
             )
         if job.state is not JobState.ACTIVE:
             return ""

@@ -49,6 +49,8 @@ class JobRecord:
     created_at: float
     failure: str = ""
     epoch_changes: int = 0
+    #: The expected workers' names in rank order (empty: any workers, ranks in join order).
+    hosts: tuple[str, ...] = ()
     members: tuple[MemberRecord, ...] = field(default_factory=tuple)
 
     @property

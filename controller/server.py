@@ -11,6 +11,7 @@ with the bound addresses (port 0 picks a free one); harnesses wait for it. SIGIN
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import re
 import signal
@@ -80,7 +81,11 @@ def parse_dataplane(text: str | None, topology: Topology | None) -> tuple[str, i
                 f"--dataplane {text!r}: UDP port {port} is not an lhc port "
                 f"({c.UDP_PORT_BASE}..{c.UDP_PORT_BASE + c.UDP_PORT_COUNT - 1})"
             )
-        return match.group(2), port, int(match.group(1)) if match.group(1) else None
+        try:
+            host = str(ipaddress.IPv4Address(match.group(2)))
+        except ValueError:
+            raise errors.invalid(f"--dataplane {text!r}: {match.group(2)!r} is not an IPv4 address") from None
+        return host, port, int(match.group(1)) if match.group(1) else None
     if topology is not None:
         return topology.switch_ip, topology.switch_udp_port, None
     raise errors.invalid("give --dataplane (the switch's lhc address) or a --topology with a switch")
@@ -111,8 +116,9 @@ class Controller:
             on_change=self.changes.notify,
         )
         self.liveness = Liveness(
-            self.store, enabled=lambda: self.session.status.primary, on_failed=self._failed
-        )
+            self.store, enabled=lambda: self.session.status.primary, on_failed=self._failed,
+            topology=self.topology,
+        )  # fmt: skip
         self.service = JobService(
             self.store,
             self.session,

@@ -124,6 +124,7 @@ class JobService(pb_grpc.JobServiceServicer):
             join_timeout_s=job.join_timeout_s,
             heartbeat_timeout_s=job.heartbeat_timeout_s,
             epoch_changes=job.epoch_changes,
+            hosts=job.hosts,
             installed=installed,
         )
         for m in job.members:
@@ -157,6 +158,7 @@ class JobService(pb_grpc.JobServiceServicer):
             request.join_timeout_s or self.join_timeout_s,
             request.heartbeat_timeout_s or self.heartbeat_timeout_s,
             time.time(),
+            admission.check_hosts(request.name, request.workers, list(request.hosts), self.topology),
         )
         log.info(
             "job %r created: id %d, slots %d..%d, epoch %d",

@@ -270,8 +270,11 @@ class SwitchSession:
             log.info("reconcile: writing %d update(s)", len(updates))
             try:
                 client.write(updates)
-            finally:
-                self.status.updates_written += len(updates)
+            except P4RuntimeError as exc:
+                # Per-update errors: the others were applied. None: the call itself failed.
+                self.status.updates_written += len(updates) - len(exc.errors) if exc.errors else 0
+                raise
+            self.status.updates_written += len(updates)
             actual = desired
         self.status.reconciles += 1
         on_switch = actual.job_ids()

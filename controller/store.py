@@ -42,7 +42,8 @@ CREATE TABLE jobs (
     heartbeat_timeout_s REAL NOT NULL,
     created_at REAL NOT NULL,
     failure TEXT NOT NULL DEFAULT '',
-    epoch_changes INTEGER NOT NULL DEFAULT 0
+    epoch_changes INTEGER NOT NULL DEFAULT 0,
+    hosts TEXT NOT NULL DEFAULT ''  -- the expected workers' names, in rank order, comma-separated
 );
 CREATE TABLE members (
     job_id INTEGER NOT NULL REFERENCES jobs (job_id) ON DELETE CASCADE,
@@ -63,7 +64,7 @@ CREATE TABLE slot_marks (first INTEGER NOT NULL, count INTEGER NOT NULL, epoch I
 
 _JOB_COLUMNS = (
     "job_id, name, state, workers, slot_base, slot_count, lanes, job_index, epoch, join_timeout_s, "
-    "heartbeat_timeout_s, created_at, failure, epoch_changes"
+    "heartbeat_timeout_s, created_at, failure, epoch_changes, hosts"
 )
 
 
@@ -161,6 +162,7 @@ class JobStore:
         join_timeout_s: float,
         heartbeat_timeout_s: float,
         now: float,
+        hosts: tuple[str, ...] = (),
     ) -> JobRecord:
         """Admit a job: id, counter row, slot range and a fresh epoch, in one transaction."""
         with self.transaction() as db:
@@ -176,23 +178,9 @@ class JobStore:
                 raise errors.exhausted(f"job {name!r} wants {slots} slots: {exc}") from None
             job_id = _next_job_id(db)
             epoch = _fresh_epoch(db, [chosen])
-            db.execute(
-                f"INSERT INTO jobs ({_JOB_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,'',0)",
-                (
-                    job_id,
-                    name,
-                    JobState.PENDING.value,
-                    workers,
-                    chosen.base,
-                    chosen.count,
-                    lanes,
-                    job_index,
-                    epoch,
-                    join_timeout_s,
-                    heartbeat_timeout_s,
-                    now,
-                ),
-            )
+            row = (job_id, name, JobState.PENDING.value, workers, chosen.base, chosen.count, lanes, job_index,
+                   epoch, join_timeout_s, heartbeat_timeout_s, now, "", 0, ",".join(hosts))  # fmt: skip
+            db.execute(f"INSERT INTO jobs ({_JOB_COLUMNS}) VALUES ({','.join('?' * len(row))})", row)
             return self._find(db, str(job_id))
 
     def join(
@@ -215,8 +203,14 @@ class JobStore:
                     )
             if len(job.members) >= job.workers:
                 raise errors.precondition(f"job {job.name!r} has all its {job.workers} workers")
-            taken = {m.rank for m in job.members}
-            rank = min(r for r in range(job.workers) if r not in taken)
+            if job.hosts:
+                if member.name not in job.hosts:
+                    expected = ", ".join(job.hosts)
+                    raise errors.invalid(f"job {job.name!r} expects {expected}; {member.name!r} is not one")
+                rank = job.hosts.index(member.name)
+            else:
+                taken = {m.rank for m in job.members}
+                rank = min(r for r in range(job.workers) if r not in taken)
             check(job, replace(member, rank=rank))
             db.execute(
                 "INSERT INTO members (job_id, rank, name, ip, udp_port, mac, switch_port) "
@@ -304,6 +298,7 @@ class JobStore:
         )
         values = list(row)
         values[2] = JobState(values[2])
+        values[-1] = tuple(values[-1].split(",")) if values[-1] else ()
         return JobRecord(*values, members=members)
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from p4.config.v1 import p4info_pb2
+
 from controller import errors
 from lhc_ina.p4info import REPO_ROOT, V1MODEL_P4INFO, P4InfoIndex
 from lhc_ina.tofino import TofinoBundleError, TofinoDeviceConfig
@@ -59,4 +61,25 @@ def load_target(name: str, p4info: Path | None = None, device_config: Path | Non
             blob = TofinoDeviceConfig.from_build(BUILD / "tna").pack()
         except TofinoBundleError as exc:
             raise errors.precondition(f"tofino: {exc}") from None
-    return Target(name, index, blob, {"standard_metadata.egress_rid": "eg_intr_md.egress_rid"}, pipe_shift=7)
+    renames = {"standard_metadata.egress_rid": "eg_intr_md.egress_rid"}
+    return Target(name, _unqualified(index), blob, renames, pipe_shift=7)
+
+
+def _unqualified(index: P4InfoIndex, pipe: str = "pipe") -> P4InfoIndex:
+    """bf-p4c may qualify P4Info names with the pipeline's name (``pipe.LhcIngress.jobs``). The index
+    returned looks entities up by the unqualified names the rest of the controller uses (same ids), while
+    its ``p4info``, the message pushed to the switch and compared with the loaded one, stays bf-p4c's."""
+    prefix = f"{pipe}."
+    names = [e.preamble.name for kind in ("tables", "actions", "counters", "registers")
+             for e in getattr(index.p4info, kind)]  # fmt: skip
+    if not any(n.startswith(prefix) for n in names):
+        return index
+    stripped = p4info_pb2.P4Info()
+    stripped.CopyFrom(index.p4info)
+    for kind in ("tables", "actions", "counters", "direct_counters", "meters", "registers", "digests"):
+        for entity in getattr(stripped, kind):
+            if entity.preamble.name.startswith(prefix):
+                entity.preamble.name = entity.preamble.name[len(prefix) :]
+    renamed = P4InfoIndex(stripped)
+    renamed.p4info = index.p4info
+    return renamed

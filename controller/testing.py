@@ -24,6 +24,7 @@ import numpy as np
 
 from controller.client import JobClient, Joined
 from controller.reconcile import SwitchState, desired_state, read_state
+from controller.records import JobRecord, JobState, MemberRecord
 from controller.server import READY as CONTROLLER_READY
 from controller.store import DB_NAME, JobStore
 from controller.targets import load_target
@@ -284,3 +285,12 @@ def aggregate_once(workers: list[Worker], slot: int, seq: int, rng: np.random.Ge
         assert header.msg_type == c.MsgType.RESULT, header
         assert (header.slot, header.seq, header.bitmap) == (slot, seq, (1 << len(workers)) - 1), header
         np.testing.assert_array_equal(words, expected)
+
+
+def two_worker_job(epoch: int = 3) -> JobRecord:
+    """An ACTIVE job of two workers at 10.0.0.1-2 behind ports 1-2, as the store would hold it."""
+    members = tuple(
+        MemberRecord(r, f"w{r}", f"10.0.0.{r + 1}", 40000, f"02:00:00:00:00:0{r + 1}", r + 1)
+        for r in range(2)
+    )
+    return JobRecord(7, "j", JobState.ACTIVE, 2, 64, 16, c.LANES, 2, epoch, 10, 10, 0, members=members)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from controller import jobservice_pb2 as pb
 from controller.testing import ControllerProcess, SoftswitchProcess, store_state, switch_state
 from lhc_ina.jobs import ip_to_int, mac_to_int
 
@@ -138,3 +139,24 @@ def test_metrics(setup):
     assert 'lhc_job_packets_total{job="metered",outcome="absorbed"} 0.0' in text
     assert 'lhc_job_epoch_changes_total{job="metered"} 0.0' in text
     ctl.client.delete_job("metered")
+
+
+def test_expected_hosts_fix_ranks_and_a_missing_one_is_named(setup):
+    sw, ctl, state = setup
+    client = ctl.client
+    from controller.errors import ControllerError
+
+    with pytest.raises(ControllerError, match="unknown topology host 'h7'"):
+        client.create_job("named", workers=2, hosts=["h1", "h7"])
+    with pytest.raises(ControllerError, match="1 hosts named for 2 workers"):
+        client.create_job("named", workers=2, hosts=["h1"])
+    made = cli(ctl, "job", "create", "named", "--workers", "2", "--hosts", "h2,h1", "--join-timeout", "2")
+    assert made.returncode == 0, made.stderr
+    with pytest.raises(ControllerError, match="expects h2, h1; 'stranger' is not one"):
+        client.join("named", ip="127.0.0.1", udp_port=4000, name="stranger")
+    assert client.join("named", host="h1", udp_port=40000).rank == 1  # its place in the list
+    failed = next(i for i in client.watch("named", timeout=60) if i.state == pb.FAILED)
+    assert "1 of 2 workers did not join within 2 s: rank 0 'h2' 10.0.0.2" in failed.failure
+    assert "joined: rank 1 'h1' 10.0.0.1:40000" in failed.failure and list(failed.hosts) == ["h2", "h1"]
+    client.delete_job("named")
+    assert switch_state(sw) == store_state(state, state / "topology.json")

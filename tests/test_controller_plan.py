@@ -7,20 +7,13 @@ from dataclasses import replace
 from p4.v1 import p4runtime_pb2 as p4v1
 
 from controller.reconcile import SwitchState, desired_state, pipeline_differences, plan
-from controller.records import JobRecord, JobState, MemberRecord
+from controller.records import JobState
 from controller.targets import load_target
+from controller.testing import two_worker_job
 from lhc_ina.p4rt import decode_table_entry
 
 TARGET = load_target("softswitch")
 JOBS = "LhcIngress.jobs"
-
-
-def _job(epoch: int = 3) -> JobRecord:
-    members = tuple(
-        MemberRecord(r, f"w{r}", f"10.0.0.{r + 1}", 40000, f"02:00:00:00:00:0{r + 1}", r + 1)
-        for r in range(2)
-    )
-    return JobRecord(7, "j", JobState.ACTIVE, 2, 64, 16, 64, 2, epoch, 10, 10, 0, members=members)
 
 
 def _described(updates: list[p4v1.Update]) -> list[tuple[str, str]]:
@@ -38,7 +31,7 @@ EMPTY = SwitchState(frozenset(), frozenset())
 
 
 def test_a_job_is_installed_jobs_entry_last_and_removed_jobs_entry_first():
-    want = desired_state([_job()], None)
+    want = desired_state([two_worker_job()], None)
     adds = _described(plan(want, EMPTY, TARGET))
     assert adds[0] == ("INSERT", "group") and adds[-1] == ("INSERT", JOBS) and len(adds) == 1 + 2 + 2 + 1
     removes = _described(plan(EMPTY, want, TARGET))
@@ -47,7 +40,8 @@ def test_a_job_is_installed_jobs_entry_last_and_removed_jobs_entry_first():
 
 
 def test_an_epoch_change_is_one_modify():
-    updates = plan(desired_state([_job(epoch=4)], None), desired_state([_job(epoch=3)], None), TARGET)
+    new, old = desired_state([two_worker_job(epoch=4)], None), desired_state([two_worker_job(epoch=3)], None)
+    updates = plan(new, old, TARGET)
     assert _described(updates) == [("MODIFY", JOBS)]
     params = decode_table_entry(TARGET.p4info, updates[0].entity.table_entry).params
     assert params["epoch"] == 4
@@ -55,7 +49,7 @@ def test_an_epoch_change_is_one_modify():
 
 def test_pending_and_failed_jobs_are_not_on_the_switch():
     for state in (JobState.PENDING, JobState.FAILED):
-        assert desired_state([replace(_job(), state=state)], None) == EMPTY
+        assert desired_state([replace(two_worker_job(), state=state)], None) == EMPTY
 
 
 def test_pipeline_differences_name_the_entity():

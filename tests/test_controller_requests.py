@@ -123,7 +123,7 @@ def test_worker_that_never_joins_fails_the_job_by_name(setup):
     client.join("late", ip="127.0.0.1", udp_port=5000, name="alice")
     client.join("late", ip="127.0.0.1", udp_port=5001, name="bob")
     failed = next(i for i in client.watch("late", timeout=60) if i.state == pb.FAILED)
-    assert "1 of 3 workers (ranks 2) did not join within 2 s" in failed.failure
+    assert "1 of 3 workers did not join within 2 s: rank 2;" in failed.failure
     assert "rank 0 'alice' 127.0.0.1:5000" in failed.failure and "'bob'" in failed.failure
     _refused(
         lambda: client.join("late", ip="127.0.0.1", udp_port=5002),

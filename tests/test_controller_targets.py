@@ -108,3 +108,36 @@ def test_tofino_admission_keeps_a_job_on_one_pipe():
     with pytest.raises(ControllerError, match=r"port 128 \(pipe 1\).*pipe 0.*share one pipe"):
         check_member(job, other_pipe, tofino)
     check_member(job, other_pipe, load_target("softswitch"))  # one pipe only on Tofino
+
+
+def test_tofino_target_takes_bf_p4c_names(tmp_path):
+    """bf-p4c's P4Info (pipe-qualified names, TNA's egress_rid field): the controller builds its entries
+    from it by the names it uses everywhere, and pushes and compares bf-p4c's P4Info unchanged."""
+    from google.protobuf import text_format
+
+    from controller.reconcile import SwitchState, desired_state, plan
+    from controller.testing import two_worker_job
+    from lhc_ina.p4rt import decode_table_entry
+
+    p4info = type(load_target("softswitch").p4info.p4info)()
+    p4info.CopyFrom(load_target("softswitch").p4info.p4info)
+    for kind in ("tables", "actions", "counters", "registers"):
+        for entity in getattr(p4info, kind):
+            entity.preamble.name = "pipe." + entity.preamble.name
+    replicas = next(t for t in p4info.tables if t.preamble.name == "pipe.LhcEgress.replicas")
+    next(m for m in replicas.match_fields if m.name == "standard_metadata.egress_rid").name = (
+        "eg_intr_md.egress_rid")
+    (tmp_path / "p4info.txtpb").write_text(text_format.MessageToString(p4info))
+    (tmp_path / "bundle.bin").write_bytes(b"device data")
+    tofino = load_target("tofino", tmp_path / "p4info.txtpb", tmp_path / "bundle.bin")
+    assert tofino.p4info.p4info == p4info and tofino.device_config == b"device data"
+    jobs = next(t for t in p4info.tables if t.preamble.name == "pipe.LhcIngress.jobs")
+    assert tofino.p4info.table("LhcIngress.jobs").id == jobs.preamble.id
+    updates = plan(desired_state([two_worker_job()], None), SwitchState(frozenset(), frozenset()), tofino)
+    decoded = [decode_table_entry(tofino.p4info, u.entity.table_entry) for u in updates
+               if u.entity.HasField("table_entry")]
+    assert {d.table for d in decoded} == {"LhcIngress.jobs", "LhcIngress.workers", "LhcEgress.replicas"}
+    assert all("eg_intr_md.egress_rid" in d.match for d in decoded if d.table == "LhcEgress.replicas")
+    group = next(u for u in updates if u.entity.HasField("packet_replication_engine_entry"))
+    replica = group.entity.packet_replication_engine_entry.multicast_group_entry.replicas[0]
+    assert replica.WhichOneof("port_kind") == "egress_port"  # the field PI's Tofino backend reads

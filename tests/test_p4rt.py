@@ -382,3 +382,22 @@ def test_decoded_entries_are_hashable(lhc: EntityBuilder) -> None:
                             {"port": 1, "src_mac": 2, "dst_mac": 3})
     decoded = {decode_table_entry(lhc.p4info, entry), decode_table_entry(lhc.p4info, entry)}
     assert len(decoded) == 1
+
+
+class _PiLikeServer(_FakeP4Runtime):
+    """Answers GetForwardingPipelineConfig before any Set as PI does: FAILED_PRECONDITION."""
+
+    def GetForwardingPipelineConfig(self, request, context):
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "No forwarding pipeline config set")
+
+
+def test_no_pipeline_reads_the_same_from_pi_and_from_the_spec() -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(_PiLikeServer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with P4RuntimeClient(f"127.0.0.1:{port}", timeout=5) as client:
+            assert client.get_pipeline() is None
+    finally:
+        server.stop(grace=None)
