@@ -11,6 +11,8 @@ BF_P4C ?= bf-p4c
 P4_BUILD := build/p4
 TARGET ?= softswitch
 PYTEST_ARGS ?=
+# e.g. make demo DEMO_ARGS='--workers 2 --steps 10'
+DEMO_ARGS ?=
 
 .PHONY: venv demo test lint bench p4 p4-v1model p4-tna p4-p4info p4-constants p4-check system-deps clean
 
@@ -28,7 +30,7 @@ $(INSTALLED): pyproject.toml setup.py host_agent/codec/_native.c
 	touch $@
 
 demo: venv
-	$(PY) -m lhc_ina.demo
+	$(PY) -m lhc_demo.train $(DEMO_ARGS)
 
 test: venv p4-check
 	$(PY) -m ruff check .

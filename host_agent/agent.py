@@ -78,6 +78,18 @@ class Agent:
         self._executor.shutdown(wait=True)
         self.backend.close()
 
+    def state_dict(self) -> dict[str, Any]:
+        """What decides the results of later calls: the codec state per key, the call count (link
+        agreements fall on fixed calls) and the agreed link estimate. Identical on every worker."""
+        link = None if self._link is None else (self._link.rtt_s, self._link.bytes_per_s)
+        states = {key: (s.iteration, s.items, s.exponent) for key, s in self.states.items()}
+        return {"codec_states": states, "calls": self._calls, "link": link}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.states = {key: CodecState(*fields) for key, fields in state["codec_states"].items()}
+        self._calls = state["calls"]
+        self._link = None if state["link"] is None else LinkEstimate(*state["link"])
+
     def allreduce(self, tensor: torch.Tensor, *, mode: str | None = None, key: Hashable | None = None,
                   block: int | None = None) -> AllreduceResult:
         """The exact sum of ``tensor`` over all workers (see :meth:`allreduce_async`)."""

@@ -14,6 +14,7 @@ plot and the ranks' raw results to ``--out``, and ends with one JSON summary lin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import socket
 import subprocess
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from controller.processes import ControllerProcess, SoftswitchProcess, child_env
+from controller.errors import ControllerError
+from controller.testing import ControllerProcess, SoftswitchProcess
 from lhc_demo import summary
 from lhc_demo.worker import RUNS, config_arguments
 
@@ -71,7 +73,7 @@ def run_once(args: argparse.Namespace, run: str, controller: ControllerProcess, 
     procs = [
         subprocess.Popen(
             _worker_argv(args, run, rank, master, job, controller.listen, outs[rank]),
-            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True, env=child_env(),
+            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         for rank in range(args.workers)
     ]
@@ -80,16 +82,20 @@ def run_once(args: argparse.Namespace, run: str, controller: ControllerProcess, 
             for line in procs[0].stdout:  # rank 0 prints one line per finished step
                 if line.startswith("step "):
                     bar.update(1)
-        codes = [proc.wait(RUN_TIMEOUT_S) for proc in procs]
+        errors = [proc.communicate(timeout=RUN_TIMEOUT_S)[1] for proc in procs]
+        codes = [proc.returncode for proc in procs]
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-        if job:
-            controller.client.delete_job(job)
+        if job:  # the job ends when its last worker leaves; after a failure it is deleted here
+            with contextlib.suppress(ControllerError):
+                controller.client.delete_job(job)
     failed = [rank for rank, code in enumerate(codes) if code != 0]
     if failed:
-        raise RuntimeError(f"run {run}: worker(s) {failed} failed (exit codes {codes})")
+        tail = errors[failed[0]].strip().splitlines()[-15:]
+        raise RuntimeError(f"run {run}: worker(s) {failed} failed (exit codes {codes}); rank "
+                           f"{failed[0]} said:\n" + "\n".join(tail))
     return [json.loads(out.read_text()) for out in outs]
 
 

@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run", choices=RUNS, required=True)
     parser.add_argument("--controller", help="the lhc controller's job service (dense and lhc runs)")
     parser.add_argument("--job", help="the job name created on the controller (dense and lhc runs)")
-    parser.add_argument("--address", help="this worker's data-plane IPv4 (default: the controller's choice)")
+    parser.add_argument("--ip", default="127.0.0.1", help="this worker's data-plane IPv4 (%(default)s)")
+    parser.add_argument("--host", default="", help="join as this topology host (Mininet runs)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json-out", type=Path, required=True)
     parser.add_argument("--progress", action="store_true", help="print one line per finished step")
@@ -66,7 +67,7 @@ def _attach_hook(model: DistributedDataParallel, args: argparse.Namespace):
     if not (args.controller and args.job):
         raise SystemExit(f"--run {args.run} aggregates through the switch: give --controller and --job")
     state = LhcHookState.join(
-        controller=args.controller, job=args.job, mode=HOOK_MODES[args.run], address=args.address
+        args.controller, args.job, mode=HOOK_MODES[args.run], ip=args.ip, host=args.host
     )
     model.register_comm_hook(state, lhc_hook)
     return state

@@ -1,4 +1,4 @@
-"""`make demo` runs lhc_ina.demo: on a small bucket it must finish and find every aggregate exact."""
+"""lhc_demo.codec_check: on a small bucket it must finish and find every aggregate exact."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from lhc_ina import demo
+from lhc_demo import codec_check as demo
 
 
 def test_demo_reports_every_mode_exact(capsys: pytest.CaptureFixture[str]) -> None:

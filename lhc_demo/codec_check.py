@@ -1,4 +1,4 @@
-"""`make demo`: aggregate sparse gradients of several workers and check the sum is exact.
+"""The codec alone, in one process: aggregate sparse gradients of several workers and check the sums.
 
 Each worker holds a sparse gradient (independent supports, like embedding or top-k gradients). The
 codec runs the full multi-worker protocol in process (the switch's ADD/OR done in memory) in every

@@ -1,0 +1,110 @@
+"""The ``process_group`` backend: the same codec over torch.distributed, for clusters with no P4 switch.
+
+ADD words go through ``all_reduce(SUM)`` on int32, which wraps mod 2^32 on Gloo and NCCL alike (the
+codec relies on that, as it does on the switch's modular ADD). OR words need an exact bitwise OR:
+
+- Gloo has ``ReduceOp.BOR``: one all_reduce, no extra bytes;
+- elsewhere (NCCL) the cheaper of two exact schemes, by bytes: an all_gather of every worker's words and a
+  local OR (W times the bytes), or *bit lanes*: each bit widened to a lane of ``ceil(log2(W + 1))`` bits
+  so that a SUM cannot carry between lanes, then every nonzero lane read back as a 1 (``32 / (32 //
+  lane)`` times the bytes: 2x at W = 2, 3.2x at W = 4, 4x at W = 8).
+
+Collectives run on a process group of their own, so the agent's calls never interleave with DDP's.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import Future
+
+import torch
+import torch.distributed as dist
+
+from host_agent.backend import Backend
+from lhc_ina.constants import Op
+
+
+def bit_lane_width(world_size: int) -> int:
+    """Bits per lane so that W ones summed never carry into the next lane."""
+    return max(1, math.ceil(math.log2(world_size + 1)))
+
+
+def or_scheme(world_size: int, has_bor: bool) -> str:
+    """How OR words are reduced: ``bor``, ``all_gather`` or ``bit_lanes`` (fewest bytes wins)."""
+    if has_bor:
+        return "bor"
+    lane = bit_lane_width(world_size)
+    return "all_gather" if world_size <= 32 / (32 // lane) else "bit_lanes"
+
+
+def spread_bits(words: torch.Tensor, lane: int) -> torch.Tensor:
+    """Each bit of the int32 ``words`` into its own ``lane``-bit field of int32 carrier words."""
+    per_word = 32 // lane
+    bits = (words.to(torch.int64).unsqueeze(1) >> torch.arange(32)) & 1  # (n, 32)
+    bits = torch.nn.functional.pad(bits.reshape(-1), (0, (-bits.numel()) % per_word)).reshape(-1, per_word)
+    shifts = torch.arange(per_word) * lane
+    return (bits << shifts).sum(1).to(torch.int64).to(torch.int32)
+
+
+def gather_bits(summed: torch.Tensor, lane: int, n_words: int) -> torch.Tensor:
+    """Inverse of :func:`spread_bits` after a SUM: a bit is set where any worker's lane was 1."""
+    per_word = 32 // lane
+    shifts = torch.arange(per_word) * lane
+    lanes = (summed.to(torch.int64).unsqueeze(1) >> shifts) & ((1 << lane) - 1)
+    bits = (lanes != 0).to(torch.int64).reshape(-1)[: n_words * 32].reshape(n_words, 32)
+    value = (bits << torch.arange(32)).sum(1)
+    return (value - ((value >> 31) << 32)).to(torch.int32)  # back to two's complement int32
+
+
+class ProcessGroupBackend(Backend):
+    """Reduce codec messages with torch.distributed collectives over a dedicated process group."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call init_process_group first")
+        self.group = group if group is not None else dist.new_group(backend=dist.get_backend())
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(
+            self.group) == "nccl" else torch.device("cpu")
+        self.scheme = or_scheme(self.world_size, dist.get_backend(self.group) == "gloo")
+
+    def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
+        words = words.to(self.device, torch.int32).contiguous()
+        if op == Op.ADD:
+            return self._all_reduce(words.clone(), dist.ReduceOp.SUM, lambda t: t)
+        if self.scheme == "bor":
+            return self._all_reduce(words.clone(), dist.ReduceOp.BOR, lambda t: t)
+        if self.scheme == "bit_lanes":
+            lane = bit_lane_width(self.world_size)
+            n = words.numel()
+            return self._all_reduce(spread_bits(words.cpu(), lane).to(self.device), dist.ReduceOp.SUM,
+                                    lambda t: gather_bits(t.cpu(), lane, n).to(self.device))
+        gathered = [torch.empty_like(words) for _ in range(self.world_size)]
+        work = dist.all_gather(gathered, words, group=self.group, async_op=True)
+        return self._complete(work, lambda: _or_all(gathered))
+
+    def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp, finish) -> Future[torch.Tensor]:
+        work = dist.all_reduce(tensor, op, group=self.group, async_op=True)
+        return self._complete(work, lambda: finish(tensor))
+
+    @staticmethod
+    def _complete(work: dist.Work, value) -> Future[torch.Tensor]:
+        result: Future[torch.Tensor] = Future()
+
+        def done(collective: torch.futures.Future) -> None:
+            try:
+                collective.value()  # raises what the collective raised
+                result.set_result(value())
+            except Exception as exc:  # surfaced to the caller of reduce()
+                result.set_exception(exc)
+
+        work.get_future().add_done_callback(done)
+        return result
+
+
+def _or_all(tensors: list[torch.Tensor]) -> torch.Tensor:
+    out = tensors[0].clone()
+    for tensor in tensors[1:]:
+        out |= tensor
+    return out

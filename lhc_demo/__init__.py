@@ -1,0 +1,1 @@
+"""What `make demo` runs: the training demo (``train``, one ``worker`` per rank) and the codec check."""
