@@ -1,0 +1,104 @@
+"""One rank of the DDP tests (run as a script by tests/test_torch_hook.py): train a small model with plain
+DDP allreduce or with the lhc hook (process group or switch), optionally checkpoint or resume, and save the
+parameters and the largest gradient seen.
+
+    python tests/ddp_rank.py RANK WORLD MASTER OUT --hook none|pg|switch [--controller A --job J]
+        [--steps N] [--integer] [--save-at K PREFIX] [--resume PREFIX] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from host_agent.torch_hook import LhcHookState, lhc_hook
+
+LR = 2.0**-4
+
+
+class Tiny(nn.Module):
+    """An embedding (sparse rows per step) and a linear layer."""
+
+    def __init__(self, integer: bool) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(1)
+        self.embedding = nn.Embedding(512, 8)
+        self.linear = nn.Linear(8, 4, bias=False)
+        with torch.no_grad():
+            for param in self.parameters():
+                init = torch.randn(param.shape, generator=generator)
+                param.copy_(init.round() if integer else init * 0.1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.embedding(ids))
+
+
+def batch(rank: int, step: int, integer: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    ids = torch.randint(0, 512, (6,), generator=generator)
+    weights = torch.randint(-3, 4, (6, 4), generator=generator).float()
+    return ids, weights if integer else weights * 0.37
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("rank", type=int)
+    parser.add_argument("world", type=int)
+    parser.add_argument("master")
+    parser.add_argument("out")
+    parser.add_argument("--hook", choices=["none", "pg", "switch"], required=True)
+    parser.add_argument("--controller")
+    parser.add_argument("--job")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--integer", action="store_true")
+    parser.add_argument("--save-at", nargs=2)
+    parser.add_argument("--resume")
+    parser.add_argument("--device", default="cpu", help="cuda runs on NCCL, cpu on Gloo")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    master = f"tcp://{args.master}"
+    dist.init_process_group(backend, init_method=master, rank=args.rank, world_size=args.world)
+    model = Tiny(args.integer).to(args.device)
+    start = 0
+    checkpoint = torch.load(f"{args.resume}.{args.rank}", weights_only=False) if args.resume else None
+    if checkpoint:
+        model.load_state_dict(checkpoint["model"])
+        start = checkpoint["step"]
+    ddp = DistributedDataParallel(model)
+    state = None
+    if args.hook == "pg":
+        state = LhcHookState.from_process_group(mode="auto")
+    elif args.hook == "switch":
+        state = LhcHookState.join(args.controller, args.job, mode="auto")
+    if state is not None:
+        if checkpoint:
+            state.load_state_dict(checkpoint["hook"])
+        ddp.register_comm_hook(state, lhc_hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+    largest = 0.0
+    for step in range(start, args.steps):
+        if args.save_at and step == int(args.save_at[0]):
+            torch.save({"model": model.state_dict(), "step": step,
+                        "hook": state.state_dict() if state else None}, f"{args.save_at[1]}.{args.rank}")
+        ids, weights = (t.to(args.device) for t in batch(args.rank, step, args.integer))
+        loss = (ddp(ids) * weights).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        largest = max(largest, max(float(p.grad.abs().max()) for p in ddp.parameters()))
+        optimizer.step()
+    if state is not None:
+        state.close()
+    params = [p.detach().cpu().clone() for p in model.parameters()]
+    torch.save({"params": params, "largest_grad": largest}, args.out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The DDP hook in real 2-process DDP (Gloo, CPU): exact against plain allreduce, resumable, on a process
+group and through the switch."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from controller.testing import ControllerProcess, SoftswitchProcess
+from host_agent.process_group import bit_lane_width, gather_bits, or_scheme, spread_bits
+
+RANK_SCRIPT = Path(__file__).with_name("ddp_rank.py")
+WORLD = 2
+_JOBS = itertools.count()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def train(tmp: Path, hook: str, *extra: str, tag: str = "", stack=None, world: int = WORLD) -> list[dict]:
+    """Run both ranks to completion; their saved parameters in rank order."""
+    master = f"127.0.0.1:{_free_port()}"
+    switch_args: list[str] = []
+    if hook == "switch":
+        job = f"hook-{next(_JOBS)}"
+        stack.client.create_job(job, workers=world)
+        switch_args = ["--controller", stack.listen, "--job", job]
+    outs = [tmp / f"{hook}{tag}-{rank}.pt" for rank in range(world)]
+    procs = [
+        subprocess.Popen([sys.executable, str(RANK_SCRIPT), str(rank), str(world), master, str(outs[rank]),
+                          "--hook", hook, *switch_args, *extra], stderr=subprocess.PIPE, text=True)
+        for rank in range(world)
+    ]
+    errors = [proc.communicate(timeout=240)[1] for proc in procs]
+    for proc, error in zip(procs, errors, strict=True):
+        assert proc.returncode == 0, error[-3000:]
+    return [torch.load(out) for out in outs]
+
+
+def assert_same_params(a: list[dict], b: list[dict]) -> None:
+    for rank_a, rank_b in zip(a, b, strict=True):
+        for pa, pb in zip(rank_a["params"], rank_b["params"], strict=True):
+            assert torch.equal(pa, pb), (pa - pb).abs().max()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    with SoftswitchProcess() as switch, ControllerProcess(switch, tmp_path_factory.mktemp("ctl")) as ctl:
+        yield ctl
+
+
+@pytest.mark.parametrize("hook", ["pg", "switch"])
+def test_integer_gradients_give_plain_ddp_bit_for_bit(tmp_path: Path, hook: str, stack) -> None:
+    plain = train(tmp_path, "none", "--integer")
+    assert_same_params(train(tmp_path, hook, "--integer", stack=stack), plain)
+
+
+def test_float_gradients_stay_within_the_quantization_bound(tmp_path: Path) -> None:
+    """Per step, each averaged gradient element is off by at most 2^-(31-k) * max|g| + 2^-23 * |g|
+    (quantize.py's bound over W workers, divided by W); the parameters by lr times that, summed."""
+    steps = 6
+    plain = train(tmp_path, "none", "--steps", str(steps))
+    hooked = train(tmp_path, "pg", "--steps", str(steps))
+    largest = max(r["largest_grad"] for r in plain + hooked)
+    bound = steps * 2.0**-4 * (2.0 ** -(31 - WORLD.bit_length()) * largest * 2 + 2.0**-23 * largest)
+    for rank_a, rank_b in zip(plain, hooked, strict=True):
+        for pa, pb in zip(rank_a["params"], rank_b["params"], strict=True):
+            assert float((pa - pb).abs().max()) <= bound + 2.0**-24 * float(pa.abs().max())
+
+
+def test_a_checkpoint_resumes_to_the_same_parameters(tmp_path: Path) -> None:
+    """Checkpoint at step 4 of 8, resume in new processes: the parameters of an uninterrupted run."""
+    straight = train(tmp_path, "pg", "--steps", "8")
+    prefix = str(tmp_path / "ckpt")
+    train(tmp_path, "pg", "--steps", "8", "--save-at", "4", prefix, tag="-first")
+    resumed = train(tmp_path, "pg", "--steps", "8", "--resume", prefix, tag="-resumed")
+    assert_same_params(resumed, straight)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8, 32])
+def test_bit_lanes_or_exactly(world: int) -> None:
+    generator = torch.Generator().manual_seed(world)
+    inputs = [torch.randint(-(2**31), 2**31, (37,), generator=generator, dtype=torch.int64).to(torch.int32)
+              for _ in range(world)]
+    lane = bit_lane_width(world)
+    summed = sum(spread_bits(x, lane).to(torch.int64) for x in inputs).to(torch.int32)
+    expected = inputs[0].clone()
+    for x in inputs[1:]:
+        expected |= x
+    assert torch.equal(gather_bits(summed, lane, 37), expected)
+
+
+def test_or_scheme_picks_fewer_bytes() -> None:
+    assert or_scheme(4, has_bor=True) == "bor"
+    assert or_scheme(2, has_bor=False) == "all_gather"  # 2x either way
+    assert or_scheme(8, has_bor=False) == "bit_lanes"  # 4x against 8x
+
+
+@pytest.mark.gpu
+def test_the_hook_runs_with_nccl(tmp_path: Path) -> None:
+    """One rank on NCCL (no bitwise OR there: the OR words take the all_gather path) gives plain DDP's
+    parameters for integer gradients."""
+    plain = train(tmp_path, "none", "--integer", "--device", "cuda", world=1)
+    hooked = train(tmp_path, "pg", "--integer", "--device", "cuda", world=1)
+    assert_same_params(hooked, plain)
