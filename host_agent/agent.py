@@ -13,6 +13,7 @@ wire. The codec state of each ``key`` (the bucket's size estimate and scale) is 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -82,7 +83,7 @@ class Agent:
         """What decides the results of later calls: the codec state per key, the call count (link
         agreements fall on fixed calls) and the agreed link estimate. Identical on every worker."""
         link = None if self._link is None else (self._link.rtt_s, self._link.bytes_per_s)
-        states = {key: (s.iteration, s.items, s.exponent) for key, s in self.states.items()}
+        states = {key: dataclasses.astuple(s) for key, s in self.states.items()}
         return {"codec_states": states, "calls": self._calls, "link": link}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -115,8 +115,10 @@ def _sparsify(state: LhcHookState, key: Hashable, gradient: torch.Tensor) -> tor
 
 def lhc_hook(state: LhcHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's exact sum over all workers, divided by the world size."""
-    gradient = bucket.buffer()
-    key = (bucket.index(), gradient.numel(), gradient.dtype)  # DDP may rebuild buckets after step 1
+    buffer = bucket.buffer()
+    key = (bucket.index(), buffer.numel(), buffer.dtype)  # DDP may rebuild buckets after step 1
+    # Half-precision buckets are summed in float32: a sum of W halves may overflow where their mean does not.
+    gradient = buffer if buffer.dtype == torch.float32 else buffer.float()
     if state.topk_ratio is not None:
         gradient = _sparsify(state, key, gradient)
     result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
@@ -125,7 +127,7 @@ def lhc_hook(state: LhcHookState, bucket: dist.GradBucket) -> torch.futures.Futu
         try:
             reduced = done.result()
             state.record(key, reduced.stats)
-            result.set_result(reduced.total.div_(state.world_size).to(bucket.buffer().dtype))
+            result.set_result(reduced.total.div_(state.world_size).to(buffer.dtype))
         except Exception as exc:  # the training step raises it where it waits for gradients
             result.set_exception(exc)
 

@@ -19,8 +19,12 @@ other agreement is ever needed.
   header in the same round when the scale is assumed; redone at the agreed scale if it did not hold).
 
 The size estimate is ``expected_items`` if given, else the previous round's union (``CodecState``),
-else the sum of the workers' item counts (an upper bound on the union). An assumed scale is the
-previous round's agreed exponent plus ``headroom`` binades.
+else the sum of the workers' item counts (an upper bound on the union); a previous union of zero counts
+as unknown. An assumed scale is the previous round's agreed exponent plus ``headroom`` binades. It
+*holds* when no worker's max |x| lies above it and the agreed exponent lies at most ``headroom +
+SCALE_SLACK`` binades below it; otherwise the values are sent again at the agreed scale. Every mode picks
+its scale by that one rule, so a bucket quantizes identically whatever the mode, and the error bound of
+:mod:`.quantize` holds with a quantum at most ``2^(headroom + SCALE_SLACK)`` times the agreed scale's.
 
 Driving it::
 
@@ -45,6 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from host_agent.errors import AggregationError
 from lhc_ina.constants import FRAME_BYTES, LANE_BYTES, LANES, MAX_WORKERS, PAYLOAD_BYTES, Op
 
 from .hashing import derive_seed
@@ -67,6 +72,10 @@ from .sketch import DEFAULT_MARGIN, PEEL_THRESHOLD, SketchSpec, encode_sketch, s
 
 MODES = ("sketch", "union", "dense")
 DEFAULT_HEADROOM = 1
+#: Binades the agreed exponent may fall below the assumed one (beyond the headroom) before the round is
+#: redone at the agreed scale: the error bound then holds with a quantum at most 2^SCALE_SLACK times the
+#: agreed scale's, whatever the history.
+SCALE_SLACK = 1
 _MAX_FIELD = 254
 
 
@@ -88,6 +97,9 @@ class CodecState:
     iteration: int = 0
     items: int | None = None  # union items of the last round (estimate when the index was a Bloom filter)
     exponent: int | None = None  # agreed float32 exponent field of the last round's max |x|
+    elements: int | None = None  # the bucket this state belongs to: its length, dtype and block
+    dtype: str | None = None
+    block: int | None = None
 
 
 @dataclass
@@ -116,6 +128,19 @@ def _check_input(x: torch.Tensor) -> None:
         raise ValueError(f"inputs must be 1-D tensors, not of shape {tuple(x.shape)}")
     if x.numel() == 0:
         raise ValueError("inputs must not be empty")
+
+
+def _check_state(state: CodecState | None, x: torch.Tensor, block: int) -> None:
+    """A state carries what one bucket learnt; another bucket's would mis-size or mis-scale this one."""
+    if state is None or state.elements is None:
+        return
+    mine = (x.numel(), str(x.dtype), block)
+    theirs = (state.elements, state.dtype, state.block)
+    if mine != theirs:
+        raise ValueError(
+            f"the CodecState belongs to a bucket of (elements, dtype, block) {theirs}, not {mine}: pass "
+            "the state of this bucket, or none to start afresh"
+        )
 
 
 class WorkerSession:
@@ -157,6 +182,7 @@ class WorkerSession:
             raise ValueError("headroom must be >= 0")
         if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.device != x.device):
             raise ValueError("out must have the input's shape, dtype and device")
+        _check_state(state, x, block)
         self.x = x
         self.rank = rank
         self.world_size = world_size
@@ -286,7 +312,17 @@ class WorkerSession:
         return min(self.state.exponent + self.headroom, _MAX_FIELD)
 
     def _held(self, agreed: int | None, assumed: int | None) -> bool:
-        return assumed is None or agreed is None or agreed <= assumed
+        """Whether the assumed scale serves this round: no input above it, and none so far below it that
+        the quantum would be coarser than ``SCALE_SLACK`` binades beyond the agreed scale's."""
+        if assumed is None or agreed is None:
+            return True
+        return assumed - self.headroom - SCALE_SLACK <= agreed <= assumed
+
+    def _scale(self, agreed: int | None, assumed: int | None) -> int:
+        """The one rule every mode follows once the agreed exponent is known: the assumed scale when it
+        held, else the agreed one. Modes therefore quantize a bucket identically, given the same state."""
+        return scale_for(assumed if assumed is not None and self._held(agreed, assumed) else agreed,
+                         self.world_size)
 
     def _quantize(self, rows: torch.Tensor, scale: int | None, clamp: bool = False) -> torch.Tensor:
         if not self.is_float:
@@ -303,11 +339,12 @@ class WorkerSession:
                 items = nonzero_items(x, block)
             rows = gather_items(x, items, block)
             header = self._inspect(rows)
-        expected = self.expected_items if self.expected_items is not None else self.state.items
+        # A zero union (an all-zero step) says nothing about the next one: measure it again.
+        expected = self.expected_items if self.expected_items is not None else (self.state.items or None)
         agreed: int | None = None
         header_sent = False
         scale: int | None = None
-        assumed = self._assumed_field() if self.mode == "sketch" else None
+        assumed = self._assumed_field()
         need_scale = self.is_float and self.mode == "sketch" and assumed is None
         if expected is None or need_scale:
             msgs = [self._msg(Op.OR, header, "header")]
@@ -320,9 +357,8 @@ class WorkerSession:
                 if expected is None:
                     expected = int(res[1][0]) & 0xFFFFFFFF
             header_sent = True
-            assumed = None
             if self.is_float:
-                scale = scale_for(agreed, world)
+                scale = self._scale(agreed, assumed)
 
         iteration = self.state.iteration
         value_bytes = LANE_BYTES * block
@@ -357,7 +393,7 @@ class WorkerSession:
         peel_rounds = 0
         redo = False
         values: torch.Tensor | None = None
-        if sspec is not None and self._held(agreed, assumed):
+        if sspec is not None and (header_sent or self._held(agreed, assumed)):
             with self._clock("decode"):
                 result = peel(sspec, cands, res[1].view(sspec.cells, block))
                 values = result.values
@@ -373,7 +409,7 @@ class WorkerSession:
         else:
             redo = sspec is not None
             if self.is_float:
-                scale = scale_for(agreed, world)
+                scale = self._scale(agreed, assumed)
             if k:
                 with self._clock("encode"):
                     q = self._quantize(gather_items(x, cands, block), scale)
@@ -405,7 +441,7 @@ class WorkerSession:
             res = yield [self._msg(Op.OR, header, "header")]
             with self._clock("decode"):
                 agreed = parse_header(res[0], world)
-            scale = scale_for(agreed, world)
+            scale = self._scale(agreed, assumed)
             with self._clock("encode"):
                 q = self._quantize(x, scale)
             res = yield [self._msg(Op.ADD, q, "dense")]
@@ -419,7 +455,7 @@ class WorkerSession:
                 agreed = parse_header(res[0], world)
             summed = res[1]
             if not self._held(agreed, assumed):
-                scale = scale_for(agreed, world)
+                scale = self._scale(agreed, assumed)
                 with self._clock("encode"):
                     q = self._quantize(x, scale)
                 res = yield [self._msg(Op.ADD, q, "dense")]
@@ -437,6 +473,11 @@ class WorkerSession:
     def _finish(
         self, total: torch.Tensor, stats: dict, union: int | None, agreed: int | None, scale: int | None
     ) -> None:
+        if self.is_float and self.x.dtype != torch.float32 and bool(torch.isinf(total).any()):
+            raise AggregationError(
+                f"the sum overflows {self.x.dtype} (finite inputs, an infinite total): aggregate in "
+                "float32 (the DDP hook does), or scale the inputs down", tuple(range(self.world_size))
+            )
         steps = self._trace.steps
         packets = sum(math.ceil(words / LANES) for _, _, _, words in steps)
         stats = {
@@ -453,5 +494,6 @@ class WorkerSession:
             "decode_s": self._trace.decode_s,
         }
         exponent = agreed if agreed is not None else self.state.exponent
-        state = CodecState(self.state.iteration + 1, union, exponent if self.is_float else None)
+        state = CodecState(self.state.iteration + 1, union, exponent if self.is_float else None,
+                           self.x.numel(), str(self.x.dtype), self.block)
         self._result = WorkerResult(total, stats, state)
