@@ -14,7 +14,8 @@ from host_agent.codec.session import DEFAULT_HEADROOM, SCALE_SLACK
 from host_agent.errors import AggregationError
 
 
-def sparse_floats(world: int, n: int, magnitude: float, seed: int, density: float = 0.3) -> list[torch.Tensor]:
+def sparse_floats(world: int, n: int, magnitude: float, seed: int, density: float = 0.3,
+                  ) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(world):
