@@ -1,0 +1,82 @@
+"""One worker process of ``lhc-bench aggregate``: join the job, aggregate its bucket in each mode, report.
+
+    python -m benchmarks.aggregate_worker --controller ADDR --job NAME --length N --density D
+        --workers W --modes dense,sketch --repeats R --seed S [--loss P]
+
+Every worker derives every worker's input from the seed, so each one checks its own results exactly
+against the plain sum of the quantized inputs. Each timed call starts after a one-word aggregation that
+lines the workers up; one untimed call per mode first gives the codec its steady-state sizes. Prints one
+JSON line per mode on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from host_agent.agent import Agent
+from host_agent.transport.channel import Impairment
+
+
+def bucket(rank: int, length: int, density: float, seed: int) -> torch.Tensor:
+    """Worker ``rank``'s sparse float32 gradient: ``density * length`` random positions."""
+    generator = torch.Generator().manual_seed(seed * 1009 + rank)
+    x = torch.zeros(length)
+    hit = torch.randperm(length, generator=generator)[: max(1, int(length * density))]
+    x[hit] = torch.randn(hit.numel(), generator=generator) * 1e-2
+    return x
+
+
+def expected(inputs: list[torch.Tensor], scale: int | None) -> torch.Tensor:
+    from host_agent.codec.quantize import dequantize, quantize
+
+    total = torch.zeros(inputs[0].numel(), dtype=torch.int64)
+    for x in inputs:
+        total += quantize(x, scale)
+    return dequantize(total.to(torch.int32), scale, torch.float32)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.aggregate_worker")
+    parser.add_argument("--controller", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--length", type=int, required=True)
+    parser.add_argument("--density", type=float, required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--modes", required=True)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loss", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    impairment = Impairment(loss=args.loss, duplicate=0.0)
+    with Agent.join(args.controller, args.job, impairment=impairment, timeout_s=120.0) as agent:
+        mine = bucket(agent.rank, args.length, args.density, args.seed)
+        everyone = [bucket(r, args.length, args.density, args.seed) for r in range(args.workers)]
+        line_up = torch.zeros(1, dtype=torch.int32)
+        for mode in args.modes.split(","):
+            agent.allreduce(mine, mode=mode, key=mode)  # steady-state sizes and scale for this mode
+            times, exact, result = [], True, None
+            before = agent.backend.counters().get("retransmissions", 0)
+            for _ in range(args.repeats):
+                agent.allreduce(line_up, mode="dense", key="line-up")
+                started = time.perf_counter()
+                result = agent.allreduce(mine, mode=mode, key=mode)
+                times.append(time.perf_counter() - started)
+                exact &= torch.equal(result.total, expected(everyone, result.stats["codec"]["scale"]))
+            stats = result.stats
+            print(json.dumps({
+                "mode": mode, "chosen": stats["mode"], "rank": agent.rank, "seconds": min(times),
+                "bytes_per_worker": stats["bytes_sent"], "packets": stats["packets"],
+                "retransmissions": agent.backend.counters().get("retransmissions", 0) - before,
+                "encode_s": stats["encode_s"], "network_s": stats["network_s"], "decode_s": stats["decode_s"],
+                "exact": exact,
+            }), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
