@@ -7,6 +7,9 @@ socket) and checks every worker's result bit for bit against the plain sum of th
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -165,3 +168,18 @@ def test_a_switch_restart_mid_bucket_ends_exact(stack) -> None:
     restarter.join()
     assert_exact(results, inputs)
     assert any(r.stats["transport"]["epoch_changes"] > 0 for r in results)
+
+
+def test_lhc_agent_cli_aggregates_and_prints_stats(stack) -> None:
+    _, controller = stack
+    controller.client.create_job("cli-job", workers=2)
+    argv = [sys.executable, "-m", "host_agent.cli", "--controller", controller.listen, "--job", "cli-job",
+            "--length", "20000", "--density", "0.05", "--repeats", "2", "--json"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    for proc, (out, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err[-2000:]
+        calls = [json.loads(line) for line in out.splitlines()]
+        assert [c["call"] for c in calls] == [0, 1]
+        assert all(c["bytes_sent"] > 0 and c["mode"] in ("sketch", "union", "dense") for c in calls)
