@@ -42,6 +42,7 @@ lint: venv
 bench: venv
 	mkdir -p build && $(VENV)/bin/lhc-bench codec --sweep --plot build/codec-sweep.png
 	$(VENV)/bin/lhc-bench switch --json
+	$(VENV)/bin/lhc-bench aggregate --density 0.001,0.01,0.05 --workers 8 --json --plot build/aggregate.png
 
 # The P4 include generated from lhc_ina/constants.py (the single source of protocol constants).
 p4-constants:
