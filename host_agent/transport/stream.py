@@ -266,8 +266,9 @@ class PacketStream:
         del self._inflight[position]
         self.stats.results += 1
         if entry[1] == 0:  # Karn: only packets sent once measure the round trip
-            self.rtt.sample(time.monotonic() - entry[2])
-            self.window.on_result()
+            rtt = time.monotonic() - entry[2]
+            self.rtt.sample(rtt)
+            self.window.on_result(rtt)
         message = self._message_at(position)
         at = (position - message.first) * c.LANES
         message.result[at : at + c.LANES] = result_words(datagram)
