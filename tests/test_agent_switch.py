@@ -183,3 +183,45 @@ def test_lhc_agent_cli_aggregates_and_prints_stats(stack) -> None:
         calls = [json.loads(line) for line in out.splitlines()]
         assert [c["call"] for c in calls] == [0, 1]
         assert all(c["bytes_sent"] > 0 and c["mode"] in ("sketch", "union", "dense") for c in calls)
+
+
+def test_a_worker_killed_mid_bucket_is_named_by_the_others(stack) -> None:
+    """kill -9 of one worker process while a large bucket is in flight: its heartbeats stop, the
+    controller fails the job naming it, and every other worker raises an AggregationError with its rank."""
+    _, controller = stack
+    job = f"job-{next(_JOBS)}"
+    controller.client.create_job(job, workers=3, heartbeat_timeout_s=3.0)
+    victim = subprocess.Popen(
+        [sys.executable, "-m", "host_agent.cli", "--controller", controller.listen, "--job", job,
+         "--length", "3000000", "--density", "1", "--mode", "dense", "--repeats", "50"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    results: dict[int, object] = {}
+    started = threading.Event()
+
+    def member() -> None:
+        with Agent.join(controller.listen, job, timeout_s=60.0) as agent:
+            started.set()
+            try:
+                for _ in range(50):
+                    agent.allreduce(torch.ones(3_000_000), mode="dense")
+                results[agent.rank] = "finished"
+            except AggregationError as error:
+                results[agent.rank] = error
+
+    threads = [threading.Thread(target=member) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    assert started.wait(timeout=60)
+    threading.Event().wait(3.0)  # let the bucket get under way
+    victim.kill()
+    victim.wait(timeout=30)
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(results) == 2, "a surviving worker hung"
+    survivors = set(results)
+    (killed,) = set(range(3)) - survivors
+    for rank, error in results.items():
+        assert isinstance(error, AggregationError), f"rank {rank}: {error!r}"
+        assert killed in error.ranks, (killed, error.ranks, str(error))
+        assert f"rank {killed}" in str(error), str(error)

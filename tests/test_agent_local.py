@@ -1,0 +1,93 @@
+"""The Agent over the in-process backend: half-precision buckets, top-k with error feedback, mode auto's
+agreement, and the local backend's own checks."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from host_agent.agent import Agent
+from host_agent.auto import agreed_link, choose_mode, link_words
+from host_agent.backend import LinkEstimate
+from host_agent.codec import CodecState
+from host_agent.errors import AggregationError
+from host_agent.local import LocalGroup
+from host_agent.torch_hook import LhcHookState, _sparsify
+
+
+def run_group(world: int, work) -> list[object]:
+    agents = [Agent(backend) for backend in LocalGroup(world).members()]
+    results: list[object] = [None] * world
+
+    def member(agent: Agent) -> None:
+        try:
+            results[agent.rank] = work(agent)
+        except Exception as exc:  # inspected by the test
+            results[agent.rank] = exc
+
+    threads = [threading.Thread(target=member, args=(agent,)) for agent in agents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    for agent in agents:
+        agent.close()
+    return results
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_buckets_are_the_sum_at_the_agreed_scale(dtype: torch.dtype) -> None:
+    inputs = [torch.randn(3000, generator=torch.Generator().manual_seed(r)).to(dtype) for r in range(3)]
+    results = run_group(3, lambda agent: agent.allreduce(inputs[agent.rank], mode="sketch"))
+    exact = torch.stack([x.float() for x in inputs]).sum(0)
+    for result in results:
+        assert result.total.dtype == dtype
+        assert torch.equal(result.total, results[0].total)
+        scale = result.stats["codec"]["scale"]
+        assert float((result.total.float() - exact).abs().max()) <= 3 * 2.0 ** (-scale - 1) + 2**-7 * 8
+
+
+def test_topk_keeps_what_it_does_not_send() -> None:
+    """Error feedback: over steps, what was sent plus what is held back equals every gradient's sum."""
+    state = LhcHookState.__new__(LhcHookState)
+    state.topk_ratio, state.residuals = 0.1, {}
+    generator = torch.Generator().manual_seed(0)
+    sent, given = torch.zeros(1000), torch.zeros(1000)
+    for _ in range(5):
+        gradient = torch.randn(1000, generator=generator)
+        given += gradient
+        sparse = _sparsify(state, "bucket", gradient)
+        assert int((sparse != 0).sum()) == 100
+        sent += sparse
+    assert torch.allclose(sent + state.residuals["bucket"], given, atol=1e-5)
+
+
+def test_mode_auto_agrees_on_the_link_and_prices_modes() -> None:
+    words = link_words(0, LinkEstimate(1e-3, 1e7)) + link_words(1, LinkEstimate(3e-3, 3e7))
+    link = agreed_link(words, 2)
+    assert link is not None
+    assert abs(link.rtt_s - 2e-3) < 1e-5 and abs(link.bytes_per_s - 2e7) < 1e4
+    sparse = CodecState(1, items=100, exponent=None, elements=1_000_000, dtype="torch.float32", block=1)
+    dense = CodecState(1, items=900_000, exponent=None, elements=1_000_000, dtype="torch.float32", block=1)
+    assert choose_mode(1_000_000, 4, 1, sparse, link).mode in ("sketch", "union")
+    assert choose_mode(1_000_000, 4, 1, dense, link).mode == "dense"
+    assert choose_mode(1_000_000, 4, 1, None, link).mode == "sketch"
+
+
+def test_auto_picks_the_same_mode_on_every_worker() -> None:
+    inputs = [torch.zeros(20_000) for _ in range(3)]
+    for rank, x in enumerate(inputs):
+        x[rank * 100 : rank * 100 + 50] = 1.0
+
+    def work(agent: Agent) -> list[str]:
+        return [agent.allreduce(inputs[agent.rank], key="b").stats["mode"] for _ in range(3)]
+
+    modes = run_group(3, work)
+    assert modes[0] == modes[1] == modes[2]
+
+
+def test_local_backend_fails_every_member_on_a_length_mismatch() -> None:
+    results = run_group(2, lambda agent: agent.allreduce(torch.ones(100 + agent.rank), mode="dense"))
+    assert all(isinstance(r, AggregationError) for r in results), results
