@@ -88,7 +88,7 @@ p4-p4info: p4-v1model
 system-deps:
 	@if [ "$$(id -u)" != 0 ]; then echo "system-deps needs root (apt-get)"; exit 1; fi
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mininet bridge-utils iputils-ping iproute2 ethtool
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mininet bridge-utils iputils-ping iproute2 ethtool nftables
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis

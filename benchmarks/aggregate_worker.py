@@ -50,10 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loss", type=float, default=0.0)
+    parser.add_argument("--ip", default="127.0.0.1", help="this worker's data-plane IPv4")
+    parser.add_argument("--host", default="", help="join as this topology host")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     impairment = Impairment(loss=args.loss, duplicate=0.0)
-    with Agent.join(args.controller, args.job, impairment=impairment, timeout_s=120.0) as agent:
+    with Agent.join(args.controller, args.job, impairment=impairment, timeout_s=120.0, ip=args.ip,
+                    host=args.host) as agent:
         mine = bucket(agent.rank, args.length, args.density, args.seed)
         everyone = [bucket(r, args.length, args.density, args.seed) for r in range(args.workers)]
         line_up = torch.zeros(1, dtype=torch.int32)

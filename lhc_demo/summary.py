@@ -1,7 +1,12 @@
-"""What the training demo reports: the three runs side by side, one JSON summary line and a plot."""
+"""What the training demo reports: the three runs side by side, one JSON summary line and a plot.
+
+    python -m lhc_demo.summary RUNS.json [--plot FILE.png]    # runs gathered elsewhere (Mininet)
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 from pathlib import Path
 
@@ -76,3 +81,19 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lhc_demo.summary", description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path, help='JSON: {"ddp": [rank results], "dense": [...], "lhc": [...]}')
+    parser.add_argument("--plot", type=Path, help="also draw the runs into this PNG")
+    args = parser.parse_args(argv)
+    runs = json.loads(args.runs.read_text())
+    if args.plot:
+        plot(runs, args.plot)
+    print(json.dumps(summarize(runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

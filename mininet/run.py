@@ -1,0 +1,219 @@
+"""Run the training demo (or the aggregation benchmark) inside a Mininet star and report JSON.
+
+    sudo /usr/bin/python3 mininet/run.py --workers 4 --bw 20 --workload train --steps 10 [--loss 1]
+    sudo /usr/bin/python3 mininet/run.py --workers 2 --workload bench --length 200000
+
+Starts the emulated cluster (mininet/topo.py), softswitch on the switch-side veths (AF_PACKET) or BMv2
+``simple_switch_grpc`` (``--switch bmv2``), and ``lhc-controller serve`` with the cluster's topology (so
+ordinary traffic, torch.distributed's TCP included, crosses the switch by the controller's routes). Then
+runs the workload's processes inside the hosts with the project's virtualenv, collects their JSON, prints
+the summary and tears everything down, also after a failure or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import topo
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = ("ddp", "dense", "lhc")
+READY_TIMEOUT_S = 60
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mininet/run.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=4, help="worker hosts (%(default)s)")
+    parser.add_argument("--bw", type=float, default=20.0,
+                        help="link rate in Mbit/s, 0: unshaped (%(default)s)")
+    parser.add_argument("--loss", type=int, default=0, help="percent of frames dropped at every host (0)")
+    parser.add_argument("--delay", default="", help="link delay: refused, this kernel has no netem")
+    parser.add_argument("--switch", choices=("softswitch", "bmv2"), default="softswitch")
+    parser.add_argument("--workload", choices=("train", "bench"), default="train")
+    parser.add_argument("--steps", type=int, default=10, help="training steps per run (%(default)s)")
+    parser.add_argument("--length", type=int, default=200_000, help="bench: bucket length (%(default)s)")
+    parser.add_argument("--density", type=float, default=0.01, help="bench: density (%(default)s)")
+    parser.add_argument("--python", default=str(REPO / ".venv" / "bin" / "python"),
+                        help="the project's interpreter, run inside the hosts (%(default)s)")
+    parser.add_argument("--out", type=Path, default=REPO / "build" / "emulation", help="(%(default)s)")
+    return parser
+
+
+class Processes:
+    """Every child process the run starts, stopped in reverse order whatever happens."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+
+    def add(self, proc: subprocess.Popen) -> subprocess.Popen:
+        self.started.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in reversed(self.started):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in reversed(self.started):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _ready_line(proc: subprocess.Popen, prefix: str, log: Path) -> dict[str, str]:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(prefix):
+            return dict(part.split("=", 1) for part in line[len(prefix):].split())
+        if not line and proc.poll() is not None:
+            break
+    raise RuntimeError(f"{prefix.strip(':')} did not start; its log: {log.read_text()[-3000:]}")
+
+
+def start_switch(args: argparse.Namespace, cluster: topo.Cluster, scratch: Path, procs: Processes) -> str:
+    log = scratch / "switch.log"
+    if args.switch == "bmv2":
+        raise SystemExit("--switch bmv2 needs p4c and simple_switch_grpc with the compiled program; "
+                         "this run supports softswitch only so far")
+    ports = [arg for port, name in cluster.switch_ports.items() for arg in ("--port", f"{port}@{name}")]
+    proc = procs.add(subprocess.Popen(
+        [args.python, "-m", "softswitch.cli", "--grpc-addr", "127.0.0.1:0", *ports],
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=REPO, env=_env(),
+    ))
+    return _ready_line(proc, "lhc-softswitch ready:", log)["grpc"]
+
+
+def start_controller(args: argparse.Namespace, grpc: str, topology: Path, scratch: Path,
+                     procs: Processes) -> str:
+    log = scratch / "controller.log"
+    listen = f"{topo.CONTROLLER_IP}:9560"
+    proc = procs.add(subprocess.Popen(
+        [args.python, "-m", "controller.cli", "serve", "--switch", grpc, "--target", args.switch,
+         "--listen", listen, "--state-dir", str(scratch / "state"), "--topology", str(topology)],
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=REPO, env=_env(),
+    ))
+    return _ready_line(proc, "lhc-controller ready:", log)["listen"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), **extra}
+
+
+def _controller_cli(args: argparse.Namespace, controller: str, *argv: str) -> None:
+    subprocess.run([args.python, "-m", "controller.cli", "--controller", controller, *argv],
+                   check=True, capture_output=True, text=True, cwd=REPO, env=_env())
+
+
+def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: str, scratch: Path) -> dict:
+    runs = {}
+    for run in RUNS:
+        job = f"train-{run}"
+        if run != "ddp":
+            _controller_cli(args, controller, "job", "create", job, "--workers", str(args.workers))
+        master = f"{topo.host_ip(1)}:29500"
+        procs = []
+        for index, host in enumerate(cluster.hosts, start=1):
+            out = scratch / f"{run}-{index - 1}.json"
+            argv = [args.python, "-m", "lhc_demo.worker", "--rank", str(index - 1), "--world",
+                    str(args.workers), "--master", master, "--run", run, "--steps", str(args.steps),
+                    "--json-out", str(out), "--ip", topo.host_ip(index), "--host", host.name]
+            if run != "ddp":
+                argv += ["--controller", controller, "--job", job]
+            procs.append((host.popen(argv, cwd=str(REPO), env=_env(GLOO_SOCKET_IFNAME=f"{host.name}-eth0"),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), out))
+        failed = []
+        for rank, (proc, _) in enumerate(procs):
+            _, err = proc.communicate(timeout=1800)
+            if proc.returncode != 0:
+                failed.append(f"rank {rank}: {err[-1500:]}")
+        if failed:
+            raise RuntimeError(f"run {run} failed:\n" + "\n".join(failed))
+        runs[run] = [json.loads(out.read_text()) for _, out in procs]
+    return runs
+
+
+def summarize(args: argparse.Namespace, runs: dict, extra: dict) -> dict:
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs_file = args.out / "runs.json"
+    runs_file.write_text(json.dumps(runs))
+    done = subprocess.run(
+        [args.python, "-m", "lhc_demo.summary", str(runs_file), "--plot", str(args.out / "emulation.png")],
+        check=True, capture_output=True, text=True, cwd=REPO, env=_env(),
+    )
+    result = json.loads(done.stdout)
+    result["step_speedup"] = result["step_speedup_vs_ddp"]
+    return {**result, **extra}
+
+
+def run_bench(args: argparse.Namespace, cluster: topo.Cluster, controller: str) -> list[dict]:
+    job = "bench"
+    _controller_cli(args, controller, "job", "create", job, "--workers", str(args.workers))
+    procs = [
+        host.popen([args.python, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job",
+                    job, "--length", str(args.length), "--density", str(args.density), "--workers",
+                    str(args.workers), "--modes", "dense,sketch,auto", "--ip", topo.host_ip(index),
+                    "--host", host.name],
+                   cwd=str(REPO), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for index, host in enumerate(cluster.hosts, start=1)
+    ]
+    rows = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"a bench worker failed: {err[-2000:]}")
+        rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("mininet/run.py needs root (network namespaces, veths, AF_PACKET)")
+    if args.delay:
+        raise SystemExit("--delay: this kernel has no netem, so TCLink cannot delay; refused rather "
+                         "than run an unimpaired link under that name")
+    if not Path(args.python).exists():
+        raise SystemExit(f"no project interpreter at {args.python}: run `make venv` first or pass --python")
+    procs = Processes()
+    cluster = None
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear down on SIGTERM too
+    try:
+        with tempfile.TemporaryDirectory(prefix="lhc-emu-") as tmp:
+            scratch = Path(tmp)
+            cluster = topo.build(args.workers, args.bw or None)
+            if args.loss:
+                topo.apply_loss(cluster, args.loss)
+            grpc = start_switch(args, cluster, scratch, procs)
+            controller = start_controller(args, grpc, cluster.write_topology(scratch / "topo.json"), scratch,
+                                          procs)
+            extra = {"workers": args.workers, "bw_mbit": args.bw, "loss_percent": args.loss,
+                     "switch": args.switch}
+            if args.workload == "train":
+                runs = run_training(args, cluster, controller, scratch)
+                if args.loss:
+                    extra["dropped_frames"] = topo.dropped(cluster)
+                print(json.dumps(summarize(args, runs, extra)))
+            else:
+                for row in run_bench(args, cluster, controller):
+                    print(json.dumps({**row, **extra}))
+    finally:
+        procs.stop()
+        if cluster is not None:
+            cluster.net.stop()
+        topo.remove_controller_veth()
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
