@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # e.g. make demo DEMO_ARGS='--workers 2 --steps 10'
 DEMO_ARGS ?=
 
-.PHONY: venv demo test lint bench p4 p4-v1model p4-tna p4-p4info p4-constants p4-check system-deps clean
+.PHONY: venv demo test lint bench p4 p4-v1model p4-tna p4-p4info p4-constants p4-check system-deps clean emulate-train emulate-bmv2
 
 venv: $(INSTALLED)
 
@@ -83,6 +83,21 @@ p4-tna: p4-constants
 
 p4-p4info: p4-v1model
 	cp $(P4_BUILD)/v1model/lhc.p4info.txtpb p4src/v1model/lhc.p4info.txtpb
+
+# Emulation (root, Mininet: `make system-deps`): the demo's training in a 4-host star on 20 Mbit/s links,
+# DDP allreduce against lhc through softswitch; and a short run through BMv2 where it is installed.
+EMULATE_ARGS ?=
+emulate-train: venv
+	/usr/bin/python3 mininet/run.py --workers 4 --bw 20 --steps 10 $(EMULATE_ARGS)
+
+emulate-bmv2: venv
+	@command -v simple_switch_grpc >/dev/null && command -v $(P4C) >/dev/null || { echo "make emulate-bmv2:" \
+		"needs simple_switch_grpc and p4c on PATH (build BMv2 and p4c from their sources)" >&2; exit 1; }
+	$(MAKE) --no-print-directory p4-v1model
+	/usr/bin/python3 mininet/run.py --switch bmv2 --workers 2 --bw 0 --steps 2 --users 500 --items 500 \
+		--out build/emulation-bmv2 $(EMULATE_ARGS)
+	/usr/bin/python3 mininet/run.py --switch bmv2 --workers 2 --bw 0 --workload bench --length 20000 \
+		--out build/emulation-bmv2 $(EMULATE_ARGS)
 
 # Debian packages for the emulation tests (Mininet and friends); the tests that need them call this.
 system-deps:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,7 @@ import topo
 REPO = Path(__file__).resolve().parent.parent
 RUNS = ("ddp", "dense", "lhc")
 READY_TIMEOUT_S = 60
+BMV2_JSON = REPO / "build" / "p4" / "v1model" / "lhc.json"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--switch", choices=("softswitch", "bmv2"), default="softswitch")
     parser.add_argument("--workload", choices=("train", "bench"), default="train")
     parser.add_argument("--steps", type=int, default=10, help="training steps per run (%(default)s)")
+    parser.add_argument("--users", type=int, default=20_000, help="train: user embedding rows (%(default)s)")
+    parser.add_argument("--items", type=int, default=20_000, help="train: item embedding rows (%(default)s)")
     parser.add_argument("--length", type=int, default=200_000, help="bench: bucket length (%(default)s)")
     parser.add_argument("--density", type=float, default=0.01, help="bench: density (%(default)s)")
     parser.add_argument("--python", default=str(REPO / ".venv" / "bin" / "python"),
@@ -83,8 +88,7 @@ def _ready_line(proc: subprocess.Popen, prefix: str, log: Path) -> dict[str, str
 def start_switch(args: argparse.Namespace, cluster: topo.Cluster, scratch: Path, procs: Processes) -> str:
     log = scratch / "switch.log"
     if args.switch == "bmv2":
-        raise SystemExit("--switch bmv2 needs p4c and simple_switch_grpc with the compiled program; "
-                         "this run supports softswitch only so far")
+        return start_bmv2(cluster, log, procs)
     ports = [arg for port, name in cluster.switch_ports.items() for arg in ("--port", f"{port}@{name}")]
     proc = procs.add(subprocess.Popen(
         [args.python, "-m", "softswitch.cli", "--grpc-addr", "127.0.0.1:0", *ports],
@@ -93,13 +97,37 @@ def start_switch(args: argparse.Namespace, cluster: topo.Cluster, scratch: Path,
     return _ready_line(proc, "lhc-softswitch ready:", log)["grpc"]
 
 
+def start_bmv2(cluster: topo.Cluster, log: Path, procs: Processes) -> str:
+    """``simple_switch_grpc --no-p4`` on the switch-side veths; the controller pushes the program."""
+    grpc, thrift = _free_port(), _free_port()
+    ports = [arg for port, name in cluster.switch_ports.items() for arg in ("-i", f"{port}@{name}")]
+    proc = procs.add(subprocess.Popen(
+        ["simple_switch_grpc", "--device-id", "1", "--thrift-port", str(thrift), *ports, "--no-p4", "--",
+         "--grpc-server-addr", f"127.0.0.1:{grpc}"], stdout=log.open("w"), stderr=subprocess.STDOUT,
+    ))
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", grpc)) == 0:
+                return f"127.0.0.1:{grpc}"
+        time.sleep(0.2)
+    raise RuntimeError(f"simple_switch_grpc did not start; its log: {log.read_text()[-3000:]}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def start_controller(args: argparse.Namespace, grpc: str, topology: Path, scratch: Path,
                      procs: Processes) -> str:
     log = scratch / "controller.log"
     listen = f"{topo.CONTROLLER_IP}:9560"
     proc = procs.add(subprocess.Popen(
         [args.python, "-m", "controller.cli", "serve", "--switch", grpc, "--target", args.switch,
-         "--listen", listen, "--state-dir", str(scratch / "state"), "--topology", str(topology)],
+         "--listen", listen, "--state-dir", str(scratch / "state"), "--topology", str(topology),
+         *(["--device-config", str(BMV2_JSON)] if args.switch == "bmv2" else [])],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=REPO, env=_env(),
     ))
     return _ready_line(proc, "lhc-controller ready:", log)["listen"]
@@ -114,7 +142,8 @@ def _controller_cli(args: argparse.Namespace, controller: str, *argv: str) -> No
                    check=True, capture_output=True, text=True, cwd=REPO, env=_env())
 
 
-def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: str, scratch: Path) -> dict:
+def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: str, scratch: Path,
+                 started: Processes) -> dict:
     runs = {}
     for run in RUNS:
         job = f"train-{run}"
@@ -126,11 +155,13 @@ def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: st
             out = scratch / f"{run}-{index - 1}.json"
             argv = [args.python, "-m", "lhc_demo.worker", "--rank", str(index - 1), "--world",
                     str(args.workers), "--master", master, "--run", run, "--steps", str(args.steps),
-                    "--json-out", str(out), "--ip", topo.host_ip(index), "--host", host.name]
+                    "--json-out", str(out), "--ip", topo.host_ip(index), "--host", host.name,
+                    "--users", str(args.users), "--items", str(args.items)]
             if run != "ddp":
                 argv += ["--controller", controller, "--job", job]
-            procs.append((host.popen(argv, cwd=str(REPO), env=_env(GLOO_SOCKET_IFNAME=f"{host.name}-eth0"),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), out))
+            proc = host.popen(argv, cwd=str(REPO), env=_env(GLOO_SOCKET_IFNAME=f"{host.name}-eth0"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            procs.append((started.add(proc), out))
         failed = []
         for rank, (proc, _) in enumerate(procs):
             _, err = proc.communicate(timeout=1800)
@@ -155,17 +186,17 @@ def summarize(args: argparse.Namespace, runs: dict, extra: dict) -> dict:
     return {**result, **extra}
 
 
-def run_bench(args: argparse.Namespace, cluster: topo.Cluster, controller: str) -> list[dict]:
+def run_bench(args: argparse.Namespace, cluster: topo.Cluster, controller: str, started: Processes
+              ) -> list[dict]:
     job = "bench"
     _controller_cli(args, controller, "job", "create", job, "--workers", str(args.workers))
-    procs = [
-        host.popen([args.python, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job",
-                    job, "--length", str(args.length), "--density", str(args.density), "--workers",
-                    str(args.workers), "--modes", "dense,sketch,auto", "--ip", topo.host_ip(index),
-                    "--host", host.name],
-                   cwd=str(REPO), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for index, host in enumerate(cluster.hosts, start=1)
-    ]
+    procs = []
+    for index, host in enumerate(cluster.hosts, start=1):
+        argv = [args.python, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job", job,
+                "--length", str(args.length), "--density", str(args.density), "--workers", str(args.workers),
+                "--modes", "dense,sketch,auto", "--ip", topo.host_ip(index), "--host", host.name]
+        procs.append(started.add(host.popen(argv, cwd=str(REPO), env=_env(), stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)))
     rows = []
     for proc in procs:
         out, err = proc.communicate(timeout=1800)
@@ -182,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.delay:
         raise SystemExit("--delay: this kernel has no netem, so TCLink cannot delay; refused rather "
                          "than run an unimpaired link under that name")
+    if args.switch == "bmv2" and not (shutil.which("simple_switch_grpc") and BMV2_JSON.exists()):
+        raise SystemExit("--switch bmv2 needs simple_switch_grpc on PATH and the compiled program "
+                         f"{BMV2_JSON} (`make p4-v1model`, with p4c on PATH)")
     if not Path(args.python).exists():
         raise SystemExit(f"no project interpreter at {args.python}: run `make venv` first or pass --python")
     procs = Processes()
@@ -199,12 +233,12 @@ def main(argv: list[str] | None = None) -> int:
             extra = {"workers": args.workers, "bw_mbit": args.bw, "loss_percent": args.loss,
                      "switch": args.switch}
             if args.workload == "train":
-                runs = run_training(args, cluster, controller, scratch)
+                runs = run_training(args, cluster, controller, scratch, procs)
                 if args.loss:
                     extra["dropped_frames"] = topo.dropped(cluster)
                 print(json.dumps(summarize(args, runs, extra)))
             else:
-                for row in run_bench(args, cluster, controller):
+                for row in run_bench(args, cluster, controller, procs):
                     print(json.dumps({**row, **extra}))
     finally:
         procs.stop()

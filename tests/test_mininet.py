@@ -1,0 +1,49 @@
+"""Emulation runs in Mininet (root and Debian's Mininet): a minimal exact training run under loss, and
+no leftovers after a run or an interrupted one."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RUNNER = [("/usr/bin/python3"), str(REPO / "mininet" / "run.py"), "--python", sys.executable]
+pytestmark = [pytest.mark.root, pytest.mark.mininet, pytest.mark.slow]
+
+
+def leftovers() -> list[str]:
+    """Interfaces and processes an emulation run creates, if any survived it."""
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    names = [line.split(":")[1].strip().split("@")[0] for line in links.splitlines()]
+    ours = [n for n in names if n.startswith(("s1-eth", "lhcctl")) or (n.startswith("h") and "-eth" in n)]
+    procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
+    ours += [p for p in procs if "mnexec" in p or ("softswitch.cli" in p and "--port" in p)
+             or ("lhc_demo.worker" in p and "--host" in p)]
+    return ours
+
+
+def test_a_minimal_emulation_trains_exactly_under_loss(tmp_path: Path) -> None:
+    done = subprocess.run([*RUNNER, "--workers", "2", "--steps", "3", "--bw", "0", "--loss", "1",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["losses_match"] is True
+    assert summary["loss_percent"] == 1
+    assert sum(summary["dropped_frames"].values()) > 0, "the loss rules dropped nothing"
+    assert leftovers() == []
+
+
+def test_an_interrupted_run_leaves_nothing(tmp_path: Path) -> None:
+    proc = subprocess.Popen([*RUNNER, "--workers", "2", "--steps", "200", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(25)  # the cluster, switch, controller and workers are up by then
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert leftovers() == []
