@@ -170,6 +170,7 @@ class SwitchSession:
             finally:
                 self._client = None
                 self.status.connected = self.status.primary = False
+                self.status.installed = {}  # unknown until the next reconcile
                 client.close()
                 self._release_waiters()
         self._set_state("stopped")
