@@ -135,7 +135,7 @@ def _plot(results: list[dict], path: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from controller.client import JobClient
-    from controller.testing import ControllerProcess, SoftswitchProcess
+    from controller.processes import ControllerProcess, SoftswitchProcess
 
     results: list[dict] = []
     with contextlib.ExitStack() as stack:

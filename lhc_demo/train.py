@@ -25,7 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from controller.errors import ControllerError
-from controller.testing import ControllerProcess, SoftswitchProcess
+from controller.processes import ControllerProcess, SoftswitchProcess
 from lhc_demo import summary
 from lhc_demo.worker import RUNS, config_arguments
 

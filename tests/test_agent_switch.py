@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from controller.testing import ControllerProcess, SoftswitchProcess
+from controller.processes import ControllerProcess, SoftswitchProcess
 from host_agent.agent import Agent
 from host_agent.codec.quantize import dequantize, quantize
 from host_agent.errors import AggregationError

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from controller import jobservice_pb2 as pb
-from controller.testing import ControllerProcess, SoftswitchProcess, store_state, switch_state
+from controller.processes import ControllerProcess, SoftswitchProcess
+from controller.testing import store_state, switch_state
 from lhc_ina.jobs import ip_to_int, mac_to_int
 
 REPO = Path(__file__).resolve().parent.parent

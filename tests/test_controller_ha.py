@@ -13,16 +13,9 @@ import pytest
 
 from controller.errors import ControllerError
 from controller.integrity import store_problems
+from controller.processes import Bmv2Process, ControllerProcess, SoftswitchProcess, start_switch
 from controller.store import DB_NAME, JobStore
-from controller.testing import (
-    Bmv2Process,
-    ControllerProcess,
-    SoftswitchProcess,
-    Worker,
-    start_switch,
-    store_state,
-    switch_state,
-)
+from controller.testing import Worker, store_state, switch_state
 
 
 @pytest.fixture(params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])

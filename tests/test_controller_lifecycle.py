@@ -10,16 +10,8 @@ import numpy as np
 import pytest
 
 from controller import jobservice_pb2 as pb
-from controller.testing import (
-    Bmv2Process,
-    ControllerProcess,
-    SoftswitchProcess,
-    Worker,
-    aggregate_once,
-    start_switch,
-    store_state,
-    switch_state,
-)
+from controller.processes import Bmv2Process, ControllerProcess, SoftswitchProcess, start_switch
+from controller.testing import Worker, aggregate_once, store_state, switch_state
 from lhc_ina import jobs as lj
 
 RNG = np.random.default_rng(5)

@@ -12,17 +12,9 @@ import numpy as np
 import pytest
 from p4.v1 import p4runtime_pb2 as p4v1
 
+from controller.processes import Bmv2Process, ControllerProcess, SoftswitchProcess, start_switch
 from controller.targets import load_target
-from controller.testing import (
-    Bmv2Process,
-    ControllerProcess,
-    SoftswitchProcess,
-    Worker,
-    aggregate_once,
-    start_switch,
-    store_state,
-    switch_state,
-)
+from controller.testing import Worker, aggregate_once, store_state, switch_state
 from lhc_ina import constants as c
 from lhc_ina.p4rt import P4RuntimeClient
 

@@ -14,7 +14,8 @@ import pytest
 from controller import jobservice_pb2 as pb
 from controller.client import JobClient
 from controller.errors import ControllerError
-from controller.testing import ControllerProcess, SoftswitchProcess, store_state, switch_state
+from controller.processes import ControllerProcess, SoftswitchProcess
+from controller.testing import store_state, switch_state
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 from p4.v1 import p4runtime_pb2 as p4v1
 
 from controller.errors import ControllerError
+from controller.processes import ControllerProcess, SoftswitchProcess
 from controller.targets import load_target
-from controller.testing import ControllerProcess, SoftswitchProcess
 from lhc_ina.p4rt import P4RuntimeClient
 from lhc_ina.tofino import TofinoBundleError, TofinoDeviceConfig, main
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from controller.testing import SoftswitchProcess
+from controller.processes import SoftswitchProcess
 from lhc_ina.p4info import P4InfoIndex
 from lhc_ina.p4rt import P4RuntimeClient, P4RuntimeError
 

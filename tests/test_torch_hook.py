@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from controller.testing import ControllerProcess, SoftswitchProcess
+from controller.processes import ControllerProcess, SoftswitchProcess
 from host_agent.process_group import bit_lane_width, gather_bits, or_scheme, spread_bits
 
 RANK_SCRIPT = Path(__file__).with_name("ddp_rank.py")
