@@ -125,6 +125,13 @@ def _static_neighbours(cluster: Cluster) -> None:
 _LOSS_TABLE = "lhc_loss"
 
 
+def in_host(host: Host, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run a command in ``host``'s namespaces, apart from its interactive shell (whose output may still
+    carry an earlier command's)."""
+    return subprocess.run(["mnexec", "-a", str(host.pid), *argv], input=stdin, capture_output=True,
+                          text=True)
+
+
 def apply_loss(cluster: Cluster, percent: int) -> None:
     """Drop ``percent``% of the frames each host sends and receives, in its own namespace (netdev
     ingress and egress hooks: the sockets never see them), counting what was dropped."""
@@ -138,18 +145,21 @@ def apply_loss(cluster: Cluster, percent: int) -> None:
               f"numgen random mod 100 < {percent} counter drop; }}" for hook in ("ingress", "egress")),
             "}",
         ])
-        out = host.cmd(f"nft -f - <<'EOF'\n{script}\nEOF\necho rc=$?")
-        if "rc=0" not in out:
-            raise RuntimeError(f"nftables could not apply {percent}% loss on {host.name}: {out.strip()}")
+        done = in_host(host, "nft", "-f", "-", stdin=script)
+        if done.returncode != 0:
+            raise RuntimeError(f"nftables could not apply {percent}% loss on {host.name}: {done.stderr}")
 
 
 def dropped(cluster: Cluster) -> dict[str, int]:
     """Frames the loss rules dropped, per host (both directions)."""
     counts = {}
     for host in cluster.hosts:
-        listing = json.loads(host.cmd(f"nft -j list table netdev {_LOSS_TABLE}") or "{}")
+        done = in_host(host, "nft", "-j", "list", "table", "netdev", _LOSS_TABLE)
+        if done.returncode != 0:
+            raise RuntimeError(f"cannot read the loss counters of {host.name}: {done.stderr}")
         counts[host.name] = sum(
-            item["rule"]["expr"][-2]["counter"]["packets"]
-            for item in listing.get("nftables", []) if "rule" in item
+            expr["counter"]["packets"]
+            for item in json.loads(done.stdout)["nftables"] if "rule" in item
+            for expr in item["rule"]["expr"] if "counter" in expr
         )
     return counts
