@@ -26,7 +26,7 @@ class DemoConfig:
     hidden: int = 32
     batch: int = 256
     zipf: float = 0.9
-    lr: float = 0.05
+    lr: float = 1.0
     seed: int = 0
 
     def to_dict(self) -> dict:
@@ -46,8 +46,13 @@ class Recommender(nn.Module):
             nn.Linear(2 * config.dim, config.hidden), nn.ReLU(), nn.Linear(config.hidden, 1)
         )
         with torch.no_grad():  # deterministic from the seed, whatever torch's global RNG holds
-            for param in self.parameters():
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+            for module in self.modules():
+                if isinstance(module, nn.Embedding):
+                    module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.3)
+                elif isinstance(module, nn.Linear):
+                    scale = module.in_features**-0.5
+                    module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * scale)
+                    module.bias.zero_()
 
     def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         features = torch.cat([self.users(users), self.items(items)], dim=1)
@@ -60,8 +65,9 @@ def _zipf_weights(count: int, exponent: float) -> torch.Tensor:
 
 
 class SyntheticClicks:
-    """Batches of (user, item, clicked). Popularity follows Zipf; a hidden affinity decides the label, so
-    the model has something real to learn and the loss falls."""
+    """Batches of (user, item, clicked). Popularity follows Zipf; a hidden affinity (an item's quality
+    plus how user and item tastes agree) decides the label, so the model has something real to learn: the
+    popular items' embeddings first, and the loss falls within the demo's steps."""
 
     def __init__(self, config: DemoConfig) -> None:
         self.config = config
@@ -73,6 +79,7 @@ class SyntheticClicks:
         self._item_ids = torch.randperm(config.items, generator=generator)
         self._user_taste = torch.randn(config.users, 4, generator=generator)
         self._item_taste = torch.randn(config.items, 4, generator=generator)
+        self._item_quality = torch.randn(config.items, generator=generator) * 2
 
     def batch(self, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Worker ``rank``'s batch at ``step``: the same on every run."""
@@ -80,7 +87,7 @@ class SyntheticClicks:
         size = self.config.batch
         users = self._user_ids[torch.multinomial(self._user_weights, size, True, generator=generator)]
         items = self._item_ids[torch.multinomial(self._item_weights, size, True, generator=generator)]
-        affinity = (self._user_taste[users] * self._item_taste[items]).sum(1)
+        affinity = (self._user_taste[users] * self._item_taste[items]).sum(1) + self._item_quality[items]
         return users, items, (affinity > 0).float()
 
     def touched_rows(self, rank: int, step: int) -> float:

@@ -10,6 +10,8 @@ import json
 import statistics
 from pathlib import Path
 
+#: One color per run in every panel.
+COLORS = {"ddp": "tab:blue", "dense": "tab:orange", "lhc": "tab:green"}
 #: A run's first steps include connection set-up and the codec's first-round size estimates.
 WARMUP_STEPS = 2
 
@@ -66,11 +68,12 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
 
     figure, (losses, wire, times) = plt.subplots(1, 3, figsize=(15, 4))
     for name, ranks in runs.items():
-        losses.plot(mean_losses(ranks[0]), label=name)
+        color = COLORS.get(name)
+        losses.plot(mean_losses(ranks[0]), label=name, color=color)
         per_step = [max(step) for step in zip(*(r["step_s"] for r in ranks), strict=True)]
-        times.plot(per_step, label=name)
+        times.plot(per_step, label=name, color=color)
         if ranks[0]["bytes_per_step"]:
-            wire.plot([b / 1e6 for b in ranks[0]["bytes_per_step"]], label=name)
+            wire.plot([b / 1e6 for b in ranks[0]["bytes_per_step"]], label=name, color=color)
     losses.set(title="training loss (mean over workers)", xlabel="step", ylabel="BCE loss")
     wire.set(title="bytes on the wire per worker and step", xlabel="step", ylabel="MB")
     times.set(title="step time (slowest worker)", xlabel="step", ylabel="seconds")
