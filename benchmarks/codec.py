@@ -31,24 +31,58 @@ SWEEP_DENSITIES = (0.001, 0.01, 0.05)
 SWEEP_BLOCKS = (1, 32)
 
 
-def _floats(text: str) -> list[float]:
-    return [float(v) for v in text.split(",") if v]
+MODES = ("sketch", "union", "dense")
 
 
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v]
+def _items(text: str, parse, ok, what: str) -> list:
+    """A comma-separated list, every item checked: argparse reports the first bad one by name."""
+    try:
+        values = [parse(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {what}") from None
+    bad = [v for v in values if not ok(v)]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"{what}: {bad or text!r} out of range")
+    return values
 
 
-def _words(text: str) -> list[str]:
-    return [v for v in text.split(",") if v]
+def _densities(text: str) -> list[float]:
+    return _items(text, float, lambda v: 0 < v <= 1, "densities in (0, 1]")
+
+
+def _blocks(text: str) -> list[int]:
+    return _items(text, int, lambda v: v >= 1, "blocks >= 1")
+
+
+def _modes(text: str) -> list[str]:
+    return _items(text, str, lambda v: v in MODES, f"modes among {', '.join(MODES)}")
+
+
+def _at_least(low: int, high: int | None = None):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high if high else 'inf'}")
+        return value
+    return parse
+
+
+def _margin(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"the margin must be >= 0, not {value}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--length", type=int, default=DEFAULT_LENGTH, help="elements per bucket (2^24)")
-    parser.add_argument("--density", type=_floats, default=[0.01], help="nonzero fraction per worker, a,b,..")
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--mode", type=_words, default=["sketch", "union"], help="sketch,union,dense")
-    parser.add_argument("--block", type=_ints, default=[1], help="elements per item, a,b,..")
+    parser.add_argument("--length", type=_at_least(1), default=DEFAULT_LENGTH,
+                        help="elements per bucket (default %(default)s)")
+    parser.add_argument("--density", type=_densities, default=[0.01],
+                        help="nonzero fraction per worker, a,b,.. in (0, 1] (default 0.01)")
+    parser.add_argument("--workers", type=_at_least(1, 32), default=8, help="1..32 (default %(default)s)")
+    parser.add_argument("--mode", type=_modes, default=["sketch", "union"],
+                        help="sketch,union,dense (default sketch,union)")
+    parser.add_argument("--block", type=_blocks, default=[1], help="elements per item, a,b,.. (default 1)")
     parser.add_argument(
         "--support",
         choices=("blocks", "elements"),
@@ -56,9 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="nonzeros drawn as whole items (blocks) or as single elements; the same at block 1",
     )
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--margin", type=float, default=None, help="sketch capacity margin (codec default)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=_at_least(1), default=5, help="(default %(default)s)")
+    parser.add_argument("--margin", type=_margin, default=None, help="sketch capacity margin (codec default)")
+    parser.add_argument("--seed", type=int, default=0, help="(default %(default)s)")
+    parser.add_argument("--json", action="store_true",
+                        help="JSON lines (the only output; accepted like lhc-bench switch's)")
     parser.add_argument(
         "--sweep",
         action="store_true",
@@ -70,7 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep glibc's default mmap threshold (every large temporary then costs page faults)",
     )
-    parser.add_argument("--peel-trials", type=int, default=0, help="also measure peeling failures, N rounds")
+    parser.add_argument("--peel-trials", type=_at_least(0), default=0,
+                        help="also measure peeling failures, N rounds (default 0)")
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of the cases")
 
 
@@ -144,7 +181,7 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
     from host_agent.codec import aggregate_local
     from host_agent.codec.native import native_available
 
-    options = {} if args.margin is None else {"margin": args.margin}
+    options = {"timing": True} if args.margin is None else {"margin": args.margin, "timing": True}
     gen = torch.Generator().manual_seed(args.seed)
     draw_block = block if args.support == "blocks" else 1
     warm = _draw(args.length, density, args.workers, gen, args.device, draw_block)

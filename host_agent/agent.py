@@ -119,8 +119,10 @@ class Agent:
             choice = choose_mode(tensor.numel(), self.world_size, block, state, self._link)
             mode, reason = choice.mode, choice.reason
         counters_before = self.backend.counters()
+        # Phase times for the stats; on a GPU they would cost a synchronize per phase, so only on request.
+        options = {"timing": tensor.device.type == "cpu", **self.codec_options}
         session = WorkerSession(tensor.reshape(-1), self.rank, self.world_size, mode=mode, block=block,
-                                state=state, **self.codec_options)
+                                state=state, **options)
         parameters = {"elements": tensor.numel(), "dtype": str(tensor.dtype), "mode": mode, "block": block,
                       "world_size": self.world_size, **self.codec_options}
         value = digest(**parameters)

@@ -133,11 +133,6 @@ def stream_position(p: int, slot_count: int) -> dict[str, int]:
     return {"slot": p % slot_count, "ver": (p // slot_count) % c.SLOT_COPIES, "seq": p & 0xFFFFFFFF}
 
 
-def header_to_record(header: LhcHeader) -> tuple[int, ...]:
-    """The header as one tuple in ``HEADER_DTYPE`` field order (sub-byte fields combined)."""
-    return HEADER_STRUCT.unpack(header.pack())
-
-
 def empty_packets(count: int) -> np.ndarray:
     """A zeroed array of ``count`` packets (``PACKET_DTYPE``), to fill field by field."""
     return np.zeros(count, dtype=PACKET_DTYPE)

@@ -35,7 +35,6 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2 as p4v1
 from p4.v1 import p4runtime_pb2_grpc
 
-from lhc_ina.p4info import P4InfoIndex
 from softswitch.arbitration import Arbitration, Connection
 from softswitch.entities import Entities
 from softswitch.errors import SwitchError
@@ -268,8 +267,3 @@ def start_server(service: P4RuntimeService, address: str, workers: int = 24) -> 
         raise OSError(f"cannot listen for gRPC on {address}")
     server.start()
     return server, port
-
-
-def load_implemented_p4info() -> p4info_pb2.P4Info:
-    """The P4Info softswitch implements: the committed one of the v1model program."""
-    return P4InfoIndex.from_file().p4info

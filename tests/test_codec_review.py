@@ -112,3 +112,18 @@ def test_a_state_of_an_all_zero_step_counts_as_unknown() -> None:
     state = CodecState(iteration=3, items=0, exponent=None, elements=500, dtype="torch.float32", block=1)
     result = aggregate_local(sparse_floats(2, 500, 1.0, seed=4), "sketch", state=state)
     assert [s["kind"] for s in result.stats["steps"]][:2] == ["header", "count"]
+
+
+def test_a_support_that_misses_a_nonzero_is_refused() -> None:
+    inputs = sparse_floats(2, 1000, 1.0, seed=5)
+    supports = [torch.nonzero(x).squeeze(1)[1:] for x in inputs]  # each misses its first nonzero
+    with pytest.raises(ValueError, match="support misses nonzero"):
+        aggregate_local(inputs, "sketch", supports=supports)
+
+
+@pytest.mark.parametrize("options", [{"margin": -0.1}, {"seed": -1}, {"index": "trie"}, {"mode": "foo"}])
+def test_options_are_checked_when_the_session_is_made(options: dict) -> None:
+    from host_agent.codec import WorkerSession
+
+    with pytest.raises(ValueError):
+        WorkerSession(torch.ones(10), 0, 1, **options)

@@ -130,6 +130,14 @@ def _check_input(x: torch.Tensor) -> None:
         raise ValueError("inputs must not be empty")
 
 
+def _misses_nonzeros(x: torch.Tensor, support: torch.Tensor) -> bool:
+    """Whether ``x`` has a nonzero outside ``support`` (two counts: O(n) reads, no allocation of n)."""
+    support = support.to(x.device, torch.int64)
+    if support.numel() and (int(support.min()) < 0 or int(support.max()) >= x.numel()):
+        return False  # out of range: support_items names that error when the round starts
+    return int(torch.count_nonzero(x)) != int(torch.count_nonzero(x[support.unique()]))
+
+
 def _check_state(state: CodecState | None, x: torch.Tensor, block: int) -> None:
     """A state carries what one bucket learnt; another bucket's would mis-size or mis-scale this one."""
     if state is None or state.elements is None:
@@ -163,7 +171,7 @@ class WorkerSession:
         index: str = "auto",
         cells: int | None = None,
         out: torch.Tensor | None = None,
-        timing: bool = True,
+        timing: bool = False,
     ) -> None:
         _check_input(x)
         if not 1 <= world_size <= MAX_WORKERS:
@@ -180,6 +188,15 @@ class WorkerSession:
             raise ValueError("cells must be >= 3")
         if headroom < 0:
             raise ValueError("headroom must be >= 0")
+        if not isinstance(margin, (int, float)) or margin < 0:
+            raise ValueError(f"margin must be a number >= 0, not {margin!r}")
+        if not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+            raise ValueError(f"seed must be an int in 0..2^64-1, not {seed!r}")
+        if index not in ("auto", "bitmap", "bloom"):
+            raise ValueError(f"index must be 'auto', 'bitmap' or 'bloom', not {index!r}")
+        if support is not None and _misses_nonzeros(x, support):
+            raise ValueError("support misses nonzero elements of the input: they would be dropped "
+                             "(support must list every nonzero element index)")
         if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.device != x.device):
             raise ValueError("out must have the input's shape, dtype and device")
         _check_state(state, x, block)

@@ -183,8 +183,6 @@ _ENTITY_FIELDS: dict[type, str] = {
     p4runtime_pb2.TableEntry: "table_entry",
     p4runtime_pb2.CounterEntry: "counter_entry",
     p4runtime_pb2.PacketReplicationEngineEntry: "packet_replication_engine_entry",
-    p4runtime_pb2.RegisterEntry: "register_entry",
-    p4runtime_pb2.DirectCounterEntry: "direct_counter_entry",
 }
 
 
