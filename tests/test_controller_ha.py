@@ -6,23 +6,15 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from controller.errors import ControllerError
 from controller.integrity import store_problems
-from controller.processes import Bmv2Process, ControllerProcess, SoftswitchProcess, start_switch
+from controller.processes import ControllerProcess
 from controller.store import DB_NAME, JobStore
 from controller.testing import Worker, store_state, switch_state
-
-
-@pytest.fixture(params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
-def switch(request) -> Iterator[SoftswitchProcess | Bmv2Process]:
-    """Each test runs against softswitch, and against BMv2 where simple_switch_grpc is on PATH."""
-    with start_switch(request.param) as sw:
-        yield sw
 
 
 def _wait(predicate, what: str, timeout: float = 60.0) -> None:

@@ -10,18 +10,11 @@ import numpy as np
 import pytest
 
 from controller import jobservice_pb2 as pb
-from controller.processes import Bmv2Process, ControllerProcess, SoftswitchProcess, start_switch
+from controller.processes import ControllerProcess
 from controller.testing import Worker, aggregate_once, store_state, switch_state
 from lhc_ina import jobs as lj
 
 RNG = np.random.default_rng(5)
-
-
-@pytest.fixture(params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
-def switch(request) -> Iterator[SoftswitchProcess | Bmv2Process]:
-    """Each test runs against softswitch, and against BMv2 where simple_switch_grpc is on PATH."""
-    with start_switch(request.param) as sw:
-        yield sw
 
 
 @pytest.fixture

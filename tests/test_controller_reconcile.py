@@ -12,20 +12,13 @@ import numpy as np
 import pytest
 from p4.v1 import p4runtime_pb2 as p4v1
 
-from controller.processes import Bmv2Process, ControllerProcess, SoftswitchProcess, start_switch
+from controller.processes import ControllerProcess, SoftswitchProcess
 from controller.targets import load_target
 from controller.testing import Worker, aggregate_once, store_state, switch_state
 from lhc_ina import constants as c
 from lhc_ina.p4rt import P4RuntimeClient
 
 RNG = np.random.default_rng(7)
-
-
-@pytest.fixture(params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
-def switch(request) -> Iterator[SoftswitchProcess | Bmv2Process]:
-    """Each test runs against softswitch, and against BMv2 where simple_switch_grpc is on PATH."""
-    with start_switch(request.param) as sw:
-        yield sw
 
 
 @pytest.fixture
