@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +11,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def test_the_example_trains_under_torchrun() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
          str(REPO / "examples" / "train_ddp.py"), "--steps", "3"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )
