@@ -19,7 +19,8 @@ def free_port() -> int:
 
 def test_the_example_trains_under_torchrun() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()),
          str(REPO / "examples" / "train_ddp.py"), "--steps", "3"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )
