@@ -1,12 +1,16 @@
-"""Skip tests whose marker names something this machine lacks, with a reason that says what."""
+"""Skip tests whose marker names something this machine lacks, with a reason that says what; and the
+fixtures several test modules share (a module may define its own fixture of the same name)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from controller.processes import Bmv2Process, SoftswitchProcess, start_switch
 
 
 def _has_cuda() -> bool:
@@ -58,3 +62,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if reasons[mark.name]:
                 item.add_marker(pytest.mark.skip(reason=reasons[mark.name]))
                 break
+
+
+@pytest.fixture(params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
+def switch(request) -> Iterator[SoftswitchProcess | Bmv2Process]:
+    """A switch process: softswitch, and BMv2 as well where simple_switch_grpc is on PATH."""
+    with start_switch(request.param) as sw:
+        yield sw
