@@ -47,3 +47,20 @@ def test_an_interrupted_run_leaves_nothing(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=120)
     assert leftovers() == []
+
+
+@pytest.mark.bmv2
+@pytest.mark.p4c
+def test_aggregation_through_bmv2_is_exact(tmp_path: Path) -> None:
+    """The agents' transport through BMv2 simple_switch_grpc (small buckets: BMv2 forwards about a
+    thousand packets per second), every mode exact."""
+    subprocess.run(["make", "-C", str(REPO), "p4-v1model", f"PYTHON={sys.executable}"], check=True,
+                   capture_output=True)
+    done = subprocess.run([*RUNNER, "--switch", "bmv2", "--workers", "2", "--bw", "0", "--workload", "bench",
+                           "--length", "20000", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert {r["mode"] for r in rows} == {"dense", "sketch", "auto"} and len(rows) == 6
+    assert all(r["exact"] and r["switch"] == "bmv2" for r in rows), rows
+    assert leftovers() == []
