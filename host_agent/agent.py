@@ -9,23 +9,28 @@
 Calls run one at a time, in call order, on the agent's own thread: every worker must make the same calls
 in the same order (as DDP's buckets are), and every message they produce then meets its peers' on the
 wire. The codec state of each ``key`` (the bucket's size estimate and scale) is kept between calls.
+
+Encoding overlaps the network: while a call waits for a round's results, the agent's thread encodes the
+first round of the next queued call (when that call's mode and state cannot change before it starts: it
+has another key, and it is not a call on which the workers agree their link estimate). Messages still
+enter the backend strictly in call order, so the overlap is invisible on the wire.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import threading
 import time
+from collections import deque
 from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from host_agent.agreement import agreement_words, check_agreement, digest
 from host_agent.auto import LINK_AGREE_EVERY, agreed_link, choose_mode, link_words
 from host_agent.backend import Backend, LinkEstimate
-from host_agent.codec import MODES, CodecState, WorkerSession
+from host_agent.codec import MODES, CodecState, Message, WorkerSession
 from host_agent.errors import AggregationError
 from lhc_ina.constants import FRAME_BYTES, LANES, Op
 
@@ -38,6 +43,22 @@ class AllreduceResult:
 
     total: torch.Tensor
     stats: dict[str, Any]
+
+
+@dataclass
+class _Call:
+    """One queued ``allreduce``: its input and, once prepared, the session with its first round encoded."""
+
+    number: int
+    tensor: torch.Tensor
+    mode: str
+    key: Hashable
+    block: int
+    session: WorkerSession | None = None
+    chosen: str = ""
+    reason: str = ""
+    prepared_ahead: bool = False
+    started: float = field(default_factory=time.perf_counter)
 
 
 class Agent:
@@ -54,9 +75,11 @@ class Agent:
         self.codec_options = codec_options
         self.states: dict[Hashable, CodecState] = {}
         self.last_stats: dict[str, Any] | None = None
-        self._calls = 0
+        self._calls = 0  # calls made so far; link agreements fall on fixed call numbers
         self._link: LinkEstimate | None = None
         self._failure: AggregationError | None = None
+        self._lock = threading.Lock()
+        self._queue: deque[_Call] = deque()  # calls made and not yet started, in call order
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lhc-agent-{self.rank}")
 
     @classmethod
@@ -83,11 +106,11 @@ class Agent:
         """What decides the results of later calls: the codec state per key, the call count (link
         agreements fall on fixed calls) and the agreed link estimate. Identical on every worker."""
         link = None if self._link is None else (self._link.rtt_s, self._link.bytes_per_s)
-        states = {key: dataclasses.astuple(s) for key, s in self.states.items()}
+        states = {key: s.as_dict() for key, s in self.states.items()}
         return {"codec_states": states, "calls": self._calls, "link": link}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.states = {key: CodecState(*fields) for key, fields in state["codec_states"].items()}
+        self.states = {key: CodecState.from_dict(fields) for key, fields in state["codec_states"].items()}
         self._calls = state["calls"]
         self._link = None if state["link"] is None else LinkEstimate(*state["link"])
 
@@ -99,55 +122,83 @@ class Agent:
     def allreduce_async(self, tensor: torch.Tensor, *, mode: str | None = None, key: Hashable | None = None,
                         block: int | None = None) -> Future[AllreduceResult]:
         """Start aggregating ``tensor`` (any shape; int32 exactly, floats at one agreed power-of-two
-        scale). ``key`` names the bucket whose codec state carries over (default: its size and dtype)."""
+        scale). ``key`` names the bucket whose codec state carries over (default: its size and dtype).
+        ``tensor`` must not change until the future is done."""
         mode = mode or self.mode
         if mode not in AGENT_MODES:
             raise ValueError(f"mode must be one of {AGENT_MODES}, not {mode!r}")
         key = (tensor.numel(), tensor.dtype) if key is None else key
-        return self._executor.submit(self._allreduce, tensor, mode, key, block or self.block)
+        with self._lock:
+            call = _Call(self._calls, tensor, mode, key, block or self.block)
+            self._calls += 1
+            self._queue.append(call)
+        return self._executor.submit(self._run_next)
 
     # --- the agent's thread -----------------------------------------------------------------------
-    def _allreduce(self, tensor: torch.Tensor, mode: str, key: Hashable, block: int) -> AllreduceResult:
+    def _run_next(self) -> AllreduceResult:
+        with self._lock:
+            call = self._queue.popleft()  # the executor runs submissions in order: this is ours
         if self._failure is not None:
             raise self._failure
-        call, self._calls = self._calls, self._calls + 1
-        state = self.states.get(key)
-        reason = f"mode {mode} requested"
-        if mode == "auto":
-            if call % LINK_AGREE_EVERY == 0:
+        if call.session is None:
+            self._prepare(call)
+        assert call.session is not None
+        return self._drive(call, call.session)
+
+    def _prepare(self, call: _Call) -> None:
+        """Pick the mode, make the session and encode its first round."""
+        state = self.states.get(call.key)
+        call.chosen, call.reason = call.mode, f"mode {call.mode} requested"
+        if call.mode == "auto":
+            if call.number % LINK_AGREE_EVERY == 0:
                 self._agree_link()
-            choice = choose_mode(tensor.numel(), self.world_size, block, state, self._link)
-            mode, reason = choice.mode, choice.reason
-        counters_before = self.backend.counters()
+            choice = choose_mode(call.tensor.numel(), self.world_size, call.block, state, self._link)
+            call.chosen, call.reason = choice.mode, choice.reason
         # Phase times for the stats; on a GPU they would cost a synchronize per phase, so only on request.
-        options = {"timing": tensor.device.type == "cpu", **self.codec_options}
-        session = WorkerSession(tensor.reshape(-1), self.rank, self.world_size, mode=mode, block=block,
-                                state=state, **options)
-        parameters = {"elements": tensor.numel(), "dtype": str(tensor.dtype), "mode": mode, "block": block,
-                      "world_size": self.world_size, **self.codec_options}
-        value = digest(**parameters)
+        options = {"timing": call.tensor.device.type == "cpu", **self.codec_options}
+        session = WorkerSession(call.tensor.reshape(-1), self.rank, self.world_size, mode=call.chosen,
+                                block=call.block, state=state, **options)
+        call.session = session
+        session.advance()
+
+    def _prepare_ahead(self, current: _Call) -> None:
+        """Encode the next queued call's first round now, while ``current`` waits for the network, if
+        nothing ``current`` or a link agreement could change decides it (see the module docstring)."""
+        with self._lock:
+            upcoming = self._queue[0] if self._queue else None
+        if upcoming is None or upcoming.session is not None or upcoming.key == current.key:
+            return
+        if upcoming.mode == "auto" and upcoming.number % LINK_AGREE_EVERY == 0:
+            return
+        try:
+            self._prepare(upcoming)
+        except Exception:  # the call meets the error again in its own turn, not in this one's
+            upcoming.session = None
+            return
+        upcoming.prepared_ahead = True
+
+    def _drive(self, call: _Call, session: WorkerSession) -> AllreduceResult:
+        counters_before = self.backend.counters()
         network_s, words, rounds, messages, packets = 0.0, 0, 0, 0, 0
-        while batch := session.next_round():
+        while batch := _next_round(session):
             started = time.perf_counter()
-            check = self.backend.reduce(Op.ADD, agreement_words(self.rank, value)) if rounds == 0 else None
-            futures = [self.backend.reduce(message.op, message.words) for message in batch]
-            if check is not None:
-                self._check(check, value, parameters)
-            results = [future.result() for future in futures]
+            futures = self._send(session, batch, first=rounds == 0)
+            self._prepare_ahead(call)
+            for message, future in zip(batch, futures, strict=True):
+                if future is not None:
+                    self._receive(session, message, future)
             network_s += time.perf_counter() - started
             words += sum(message.words.numel() for message in batch)
             packets += sum(-(-message.words.numel() // LANES) for message in batch)
             rounds += 1
             messages += len(batch)
-            for words_back in results:
-                session.receive(words_back)
-        total, codec_stats, self.states[key] = session.result()
+        total, codec_stats, self.states[call.key] = session.result()
         counters = {name: value - counters_before.get(name, 0)
                     for name, value in self.backend.counters().items()}
         stats = {
-            "mode": mode,
-            "mode_reason": reason,
-            "elements": tensor.numel(),
+            "mode": call.chosen,
+            "mode_reason": call.reason,
+            "elements": call.tensor.numel(),
             "rounds": rounds,
             "messages": messages,
             "words_sent": words,
@@ -155,22 +206,33 @@ class Agent:
             "bytes_received": packets * FRAME_BYTES,
             "packets": packets,
             "retransmissions": counters.get("retransmissions", 0),
-            "encode_s": codec_stats.get("encode_s", 0.0),
+            "encode_s": codec_stats.get("encode_s") or 0.0,
             "network_s": network_s,
-            "decode_s": codec_stats.get("decode_s", 0.0),
+            "decode_s": codec_stats.get("decode_s") or 0.0,
+            "encoded_ahead": call.prepared_ahead,
             "codec": codec_stats,
             "transport": counters,
         }
         self.last_stats = stats
-        return AllreduceResult(total.reshape(tensor.shape), stats)
+        return AllreduceResult(total.reshape(call.tensor.shape), stats)
 
-    def _check(self, check: Future[torch.Tensor], value: int, parameters: dict[str, Any]) -> None:
-        """The call's agreement packet: on a mismatch this agent is unusable (its peers' streams no longer
-        line up with its own), so every later call raises the same error."""
+    def _send(self, session: WorkerSession, batch: list[Message], first: bool) -> list[Future | None]:
+        """Hand a round's messages to the backend. A backend that cannot survive messages of different
+        lengths (torch.distributed) gets the rest of the first round only once the agreement message,
+        which comes first, has proved that the workers match; its slot in the list is then None."""
+        if first and self.backend.waits_for_agreement:
+            self._receive(session, batch[0], self.backend.reduce(batch[0].op, batch[0].words))
+            return [None] + [self.backend.reduce(message.op, message.words) for message in batch[1:]]
+        return [self.backend.reduce(message.op, message.words) for message in batch]
+
+    def _receive(self, session: WorkerSession, message: Message, future: Future) -> None:
+        """Store one result. Workers that disagree have sent messages that no longer line up on the wire,
+        so after the agreement message's error this agent is unusable and every later call raises it."""
         try:
-            check_agreement(check.result(), self.rank, self.world_size, value, repr(parameters))
+            session.receive(future.result())
         except AggregationError as error:
-            self._failure = error
+            if message.kind == "agree":
+                self._failure = error
             raise
 
     def _agree_link(self) -> None:
@@ -178,3 +240,16 @@ class Agent:
         words = link_words(self.rank, self.backend.link_estimate())
         summed = self.backend.reduce(Op.ADD, words).result()
         self._link = agreed_link(summed, self.world_size) or self._link
+
+
+def _next_round(session: WorkerSession) -> list[Message]:
+    """The session's next round, all its messages (computing it if due); empty when it is done."""
+    first = session.next_message()
+    if first is None:
+        return []
+    batch = [first]
+    while session.ready_messages:
+        message = session.next_message()
+        assert message is not None
+        batch.append(message)
+    return batch

@@ -31,6 +31,9 @@ class Backend(ABC):
 
     rank: int
     world_size: int
+    #: Whether the agent must see the agreement message's result before it sends the rest of a call's
+    #: first round: true for a backend whose reductions fail or hang when workers' lengths differ.
+    waits_for_agreement: bool = False
 
     @abstractmethod
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:

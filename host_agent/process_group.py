@@ -59,6 +59,8 @@ def gather_bits(summed: torch.Tensor, lane: int, n_words: int) -> torch.Tensor:
 class ProcessGroupBackend(Backend):
     """Reduce codec messages with torch.distributed collectives over a dedicated process group."""
 
+    waits_for_agreement = True  # collectives of different lengths across ranks hang or fail
+
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first")

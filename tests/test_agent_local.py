@@ -11,7 +11,7 @@ import torch
 from host_agent.agent import Agent
 from host_agent.auto import agreed_link, choose_mode, link_words
 from host_agent.backend import LinkEstimate
-from host_agent.codec import CodecState
+from host_agent.codec import BucketShape, CodecState
 from host_agent.errors import AggregationError
 from host_agent.local import LocalGroup
 from host_agent.torch_hook import LhcHookState, _sparsify
@@ -69,8 +69,9 @@ def test_mode_auto_agrees_on_the_link_and_prices_modes() -> None:
     link = agreed_link(words, 2)
     assert link is not None
     assert abs(link.rtt_s - 2e-3) < 1e-5 and abs(link.bytes_per_s - 2e7) < 1e4
-    sparse = CodecState(1, items=100, exponent=None, elements=1_000_000, dtype="torch.float32", block=1)
-    dense = CodecState(1, items=900_000, exponent=None, elements=1_000_000, dtype="torch.float32", block=1)
+    shape = BucketShape(1_000_000, "float32", 1)
+    sparse = CodecState(1, items=100, exponent=None, shape=shape)
+    dense = CodecState(1, items=900_000, exponent=None, shape=shape)
     assert choose_mode(1_000_000, 4, 1, sparse, link).mode in ("sketch", "union")
     assert choose_mode(1_000_000, 4, 1, dense, link).mode == "dense"
     assert choose_mode(1_000_000, 4, 1, None, link).mode == "sketch"

@@ -9,7 +9,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from host_agent.codec import CodecState, WorkerSession, aggregate_local, int_bound, reduce_words
+from host_agent.codec import (
+    AggregationError,
+    CodecState,
+    WorkerSession,
+    aggregate_local,
+    int_bound,
+    reduce_words,
+)
 from host_agent.codec.arith import add_int32, wrap_int32
 from host_agent.codec.bits import nonzero_positions, pack_bits, set_bits_bytes, set_bits_native
 from host_agent.codec.index import (
@@ -171,7 +178,8 @@ def test_steady_state_sketch_is_one_round_and_peels():
     second = aggregate_local(xs2, mode="sketch", state=first.state)
     assert second.stats["rounds"] == 1 and second.stats["residue"] == 0
     assert second.stats["index"] == "bitmap"
-    union = aggregate_local(xs2, mode="union", state=first.state)
+    union_state = aggregate_local(xs, mode="union").state
+    union = aggregate_local(xs2, mode="union", state=union_state)
     assert union.stats["rounds"] == 2
     assert union.stats["bytes_per_worker"] < second.stats["bytes_per_worker"]
     # sketch used the previous round's scale plus headroom, union the agreed one: both exact for theirs
@@ -240,14 +248,11 @@ def test_session_can_be_driven_by_a_transport_with_pipelining():
     while True:
         batches = [[], [], [], []]
         for r, s in enumerate(sessions):  # send everything that does not wait on a result
-            while True:
-                try:
-                    msg = s.next_message()
-                except RuntimeError:
-                    break
-                if msg is None:
-                    break
-                batches[r].append(msg)
+            s.advance()
+            batches[r] = [s.next_message() for _ in range(s.ready_messages)]
+            if batches[r]:
+                with pytest.raises(RuntimeError, match="receive"):
+                    s.next_message()  # the next one needs this round's results
         if not batches[0]:
             break
         rounds += 1
@@ -261,7 +266,9 @@ def test_session_can_be_driven_by_a_transport_with_pipelining():
     assert rounds == 1
     total, stats, new_state = sessions[0].result()
     assert torch.equal(total, exact_sum(xs)) and new_state.iteration == 2
-    assert stats["steps"][0]["op"] == "OR" and stats["steps"][1]["op"] == "ADD"
+    assert [(step["op"], step["kind"]) for step in stats["steps"]] == [
+        ("ADD", "agree"), ("OR", "index"), ("ADD", "sketch")
+    ]
 
 
 def test_session_rejects_protocol_misuse():
@@ -302,8 +309,9 @@ def test_non_finite_inputs_raise_on_every_worker(mode, bad):
     xs = [torch.zeros(100), torch.zeros(100), torch.zeros(100)]
     xs[0][3] = 1.0
     xs[2][7] = bad
-    with pytest.raises(ValueError, match=r"non-finite .*\[2\]"):
-        aggregate_local(xs, mode=mode)
+    with pytest.raises(AggregationError, match=r"non-finite .*\[2\]") as failure:
+        aggregate_local(xs, mode=mode)  # checks that every worker raised this same error
+    assert failure.value.ranks == (2,)
 
 
 @pytest.mark.parametrize("mode", ["sketch", "union", "dense"])
@@ -311,8 +319,9 @@ def test_integers_beyond_the_bound_cannot_be_scaled(mode):
     world = 4
     xs = [torch.zeros(64, dtype=torch.int32) for _ in range(world)]
     xs[1][5] = int_bound(world) + 1
-    with pytest.raises(ValueError, match=r"worker\(s\) \[1\] exceed"):
+    with pytest.raises(AggregationError, match=r"worker\(s\) \[1\] exceed") as failure:
         aggregate_local(xs, mode=mode)
+    assert failure.value.ranks == (1,)
     xs[1][5] = -int_bound(world)  # exactly at the bound is fine
     assert int(aggregate_local(xs, mode=mode).total[5]) == -int_bound(world)
 

@@ -23,14 +23,18 @@ def nonzero_items(x: torch.Tensor, block: int) -> torch.Tensor:
     return torch.unique_consecutive(torch.div(elements, block, rounding_mode="floor"))
 
 
-def support_items(support: torch.Tensor, n: int, block: int) -> torch.Tensor:
-    """Sorted distinct item numbers of a known support (element indices of every nonzero)."""
-    if support.dim() != 1 or support.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"support must be a 1-D int64/int32 tensor of element indices, not {support.dtype}")
-    support = support.to(torch.int64)
+def check_support_indices(support: torch.Tensor, n: int) -> None:
+    """Raise unless ``support`` is a 1-D int64/int32 tensor of element indices in [0, n)."""
+    is_indices = isinstance(support, torch.Tensor) and support.dtype in (torch.int64, torch.int32)
+    if not is_indices or support.dim() != 1:
+        raise TypeError("support must be a 1-D int64/int32 tensor of element indices")
     if support.numel() and (int(support.min()) < 0 or int(support.max()) >= n):
         raise ValueError(f"support holds element indices outside [0, {n})")
-    return torch.unique(torch.div(support, block, rounding_mode="floor"))
+
+
+def support_items(support: torch.Tensor, block: int) -> torch.Tensor:
+    """Sorted distinct item numbers of a known support (element indices of every nonzero, checked)."""
+    return torch.unique(torch.div(support.to(torch.int64), block, rounding_mode="floor"))
 
 
 def gather_items(x: torch.Tensor, items: torch.Tensor, block: int) -> torch.Tensor:

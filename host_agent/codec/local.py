@@ -2,7 +2,8 @@
 
 It drives one :class:`WorkerSession` per input and reduces each step exactly as the switch does (ADD:
 int32 sum mod 2^32; OR: bitwise or). Users run it to see what LHC would save on their own gradients;
-tests and benchmarks use it. It also checks that every worker decoded the same total, bit for bit.
+tests and benchmarks use it. It also checks that every worker decoded the same total, bit for bit, and
+that every worker raised the same AggregationError when one failed.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from host_agent.errors import AggregationError
 from lhc_ina.constants import MAX_WORKERS, Op
 
 from .arith import add_int32, or_int32
-from .session import CodecState, WorkerResult, WorkerSession, _check_input
+from .session import WorkerSession, check_input
+from .state import CodecState, WorkerResult
 
 
 @dataclass
@@ -37,7 +40,7 @@ def _check_inputs(inputs: Sequence[torch.Tensor]) -> None:
     if len(inputs) > MAX_WORKERS:
         raise ValueError(f"{len(inputs)} workers: at most {MAX_WORKERS} are supported")
     for x in inputs:
-        _check_input(x)
+        check_input(x)
     first = inputs[0]
     for rank, x in enumerate(inputs):
         if x.dtype != first.dtype:
@@ -66,7 +69,8 @@ def aggregate_local(
     ``supports``: per worker, the element indices of its nonzeros, if known (encoding is then O(nnz)).
     ``outs``: per worker, a preallocated output (may be the input itself). Other ``options`` go to
     :class:`WorkerSession` (``expected_items``, ``margin``, ``headroom``, ``seed``, ``index``,
-    ``cells``, ``timing``).
+    ``cells``, ``timing``, ``check_support``). Raises AggregationError when the workers do (the same
+    error on every worker, checked).
     """
     _check_inputs(inputs)
     world = len(inputs)
@@ -88,22 +92,52 @@ def aggregate_local(
         )
         for rank, x in enumerate(inputs)
     ]
-    while True:
-        msgs = [s.next_message() for s in sessions]
-        if all(m is None for m in msgs):
-            break
-        if any(m is None or m.op != msgs[0].op or m.words.numel() != msgs[0].words.numel() for m in msgs):
-            raise RuntimeError("workers disagree on the protocol step (a codec bug)")
-        agg = reduce_words(msgs[0].op, [m.words for m in msgs])  # type: ignore[union-attr]
-        for s in sessions:
-            s.receive(agg)
+    _drive(sessions)
     results = [s.result() for s in sessions]
     for rank, r in enumerate(results[1:], start=1):
         if not torch.equal(r.total, results[0].total) or r.state != results[0].state:
             raise RuntimeError(f"worker {rank} decoded a different total than worker 0 (a codec bug)")
     stats = dict(results[0].stats)
-    stats["encode_s_per_worker"] = [r.stats["encode_s"] for r in results]
-    stats["decode_s_per_worker"] = [r.stats["decode_s"] for r in results]
-    stats["encode_s"] = sum(stats["encode_s_per_worker"]) / world
-    stats["decode_s"] = sum(stats["decode_s_per_worker"]) / world
+    if stats["encode_s"] is not None:  # timed
+        stats["encode_s_per_worker"] = [r.stats["encode_s"] for r in results]
+        stats["decode_s_per_worker"] = [r.stats["decode_s"] for r in results]
+        stats["encode_s"] = sum(stats["encode_s_per_worker"]) / world
+        stats["decode_s"] = sum(stats["decode_s_per_worker"]) / world
     return AggregateResult(results[0].total, stats, results[0].state, results)
+
+
+def _drive(sessions: list[WorkerSession]) -> None:
+    """Run the sessions to completion, one step at a time; every worker must fail alike, or none."""
+    while True:
+        errors: list[AggregationError | None] = []
+        msgs = []
+        for s in sessions:
+            try:
+                msgs.append(s.next_message())
+                errors.append(None)
+            except AggregationError as exc:
+                errors.append(exc)
+        if any(errors):
+            _raise_agreed(errors)
+        if all(m is None for m in msgs):
+            return
+        steps = {None if m is None else (m.op, m.words.numel()) for m in msgs}
+        if len(steps) != 1 or None in steps:
+            raise RuntimeError("workers disagree on the protocol step (a codec bug)")
+        agg = reduce_words(msgs[0].op, [m.words for m in msgs])  # type: ignore[union-attr]
+        errors = []
+        for s in sessions:
+            try:
+                s.receive(agg)
+                errors.append(None)
+            except AggregationError as exc:
+                errors.append(exc)
+        if any(errors):
+            _raise_agreed(errors)
+
+
+def _raise_agreed(errors: list[AggregationError | None]) -> None:
+    first = errors[0]
+    if first is None or any(e is None or str(e) != str(first) or e.ranks != first.ranks for e in errors):
+        raise RuntimeError(f"workers failed differently (a codec bug): {[str(e) for e in errors]}")
+    raise first

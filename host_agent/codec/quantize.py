@@ -7,28 +7,45 @@ W.bit_length()`` (so W < 2^k) the codec picks s such that |x| * 2^s <= 2^(31-k) 
 hence W * max|q| < 2^31 and every element's sum fits int32.
 
 Agreement costs no extra message: each worker ORs a one-hot 256-bit bitmap of the float32 exponent field
-of its max |x| into the header words (OR of one-hot bitmaps = max). Two more header words carry, one bit
-per worker, "my input is not finite" and "my integers exceed the bound", so that every worker raises the
-same error after the same round instead of some of them waiting forever.
+of its max |x| into the header words (OR of one-hot bitmaps = max). Three more header words carry, one bit
+per worker, "my input is not finite", "my integers exceed the bound" and "my support misses a nonzero",
+so that every worker raises the same AggregationError after the same round instead of some of them
+waiting forever.
 
-Error bound (per element i, S_i the exact sum of the W workers' floats, s the agreed scale)::
+Error bound. Let M be the largest |x| of any worker, k = W.bit_length(), and L the *scale lag*: how
+many binades the scale used may be coarser than the finest one M allows. The agreed scale is the finest;
+a scale assumed from the previous round is used only if it is at most ``headroom + SCALE_SLACK`` binades
+coarser (``scale_holds``), else the round is redone at the agreed scale, so L <= headroom + SCALE_SLACK
+(L = 0 whenever the scale was agreed first: union mode, and every first round). Then for every element i,
+S_i the exact sum of the W workers' values and p the output dtype's significand bits (24, 11, 8)::
 
-    |total_i - S_i| <= W * 2^(-s-1) + 2^-23 * |total_i| + 2^-149
+    |total_i - S_i| <= W * 2^(L + k - 31) * max(M, 2^-126) + 2^(1-p) * |total_i| + 2 * tiny(dtype)
 
-(each worker's rounding to an integer is off by at most 1/2 of 2^-s; converting the exact integer sum
-back to float32 rounds once more, relatively; the last term only matters for results in float32's
-subnormal range). Integer inputs are not scaled: their bound W * max|x| <= 2^31 - 1 is checked, and then
-the whole path is bit-exact.
+Why: the agreed scale s_a satisfies 2^(-s_a - 1) <= max(M, 2^-126) * 2^(k - 31) (M has exponent field F,
+M < 2^(F-126) <= 2M); each worker's rounding to an integer is off by at most 2^(-s-1) with s >= s_a - L;
+the integer sum is exact; converting it back rounds once to float32 and once more to the output dtype
+(relative 2^-24 and 2^-p, and at most the dtype's smallest subnormal ``tiny`` each in the subnormal range).
+A sum beyond the output dtype's range (float16: 65504) raises AggregationError on every worker instead of
+returning inf. Integer inputs are not scaled: their bound W * max|x| <= 2^31 - 1 is checked, and then the
+whole path is bit-exact.
 """
 
 from __future__ import annotations
 
 import torch
 
-HEADER_WORDS = 10  # 8 words exponent bitmap, 1 word non-finite workers, 1 word unscalable workers
+from host_agent.errors import AggregationError
+
+# 8 words exponent bitmap, then one word each (a bit per worker): non-finite input, integers beyond the
+# bound, a support that misses a nonzero element
+HEADER_WORDS = 11
 _EXP_WORDS = 8
 _NONFINITE_WORD = 8
 _UNSCALABLE_WORD = 9
+_PARTIAL_SUPPORT_WORD = 10
+#: binades a scale assumed from the previous round may be coarser than ``headroom`` allows for
+SCALE_SLACK = 2
+MAX_FIELD = 254  # the largest exponent field of a finite float32
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int32,)
@@ -49,6 +66,23 @@ def scale_for(field: int | None, world_size: int) -> int:
     if field is None:
         return 0
     return 31 - world_size.bit_length() - exponent_bound(field)
+
+
+def scale_holds(agreed: int | None, assumed: int | None, lag: int) -> bool:
+    """Whether values quantized at the scale of exponent field ``assumed`` may stand, the agreed field
+    being ``agreed``: no value saturated (agreed <= assumed) and the scale is at most ``lag`` binades
+    coarser than the agreed one (else the error bound in the module docstring would not hold)."""
+    if agreed is None or assumed is None:
+        return True  # every value is zero, or the scale was agreed before quantizing
+    return assumed - lag <= agreed <= assumed
+
+
+def sum_may_overflow(field: int | None, world_size: int, dtype: torch.dtype) -> bool:
+    """Whether the sum of ``world_size`` values below the bound of ``field`` can exceed ``dtype``'s range
+    (every |x| < 2^E, so |sum| <= 2^(E + k), k = W.bit_length(), which rounds to at most 2^(E + k))."""
+    if field is None:
+        return False
+    return 2.0 ** (exponent_bound(field) + world_size.bit_length()) > torch.finfo(dtype).max
 
 
 def exponent_field(values: torch.Tensor) -> tuple[int | None, bool]:
@@ -74,41 +108,72 @@ def int_in_bound(values: torch.Tensor, world_size: int) -> bool:
 
 
 def header_words(
-    field: int | None, rank: int, finite: bool, in_bound: bool, device: torch.device
+    field: int | None,
+    rank: int,
+    *,
+    finite: bool,
+    in_bound: bool,
+    support_complete: bool,
+    device: torch.device,
 ) -> torch.Tensor:
-    """This worker's header (OR-aggregated): exponent one-hot, non-finite bit, unscalable bit."""
+    """This worker's header (OR-aggregated): exponent one-hot, then its bit in each error word."""
     words = [0] * HEADER_WORDS
     if field is not None:
         words[field // 32] |= 1 << (field % 32)
-    if not finite:
-        words[_NONFINITE_WORD] |= 1 << rank
-    if not in_bound:
-        words[_UNSCALABLE_WORD] |= 1 << rank
+    flags = {_NONFINITE_WORD: finite, _UNSCALABLE_WORD: in_bound, _PARTIAL_SUPPORT_WORD: support_complete}
+    for word, ok in flags.items():
+        if not ok:
+            words[word] |= 1 << rank
     signed = [w - (1 << 32) if w >= 1 << 31 else w for w in words]
     return torch.tensor(signed, dtype=torch.int32, device=device)
 
 
-def _workers(mask: int) -> list[int]:
-    return [r for r in range(32) if mask >> r & 1]
+def _workers(mask: int) -> tuple[int, ...]:
+    return tuple(r for r in range(32) if mask >> r & 1)
 
 
 def parse_header(words: torch.Tensor, world_size: int) -> int | None:
     """The agreed max exponent field from the OR of all headers; raises the agreed error if any.
 
-    Raises ValueError naming the workers whose inputs are not finite or exceed the integer bound.
+    Raises AggregationError naming the workers whose inputs are not finite, exceed the integer bound, or
+    hold nonzeros outside the support they declared.
     """
     vals = [w & 0xFFFFFFFF for w in words[:HEADER_WORDS].tolist()]
     if vals[_NONFINITE_WORD]:
-        raise ValueError(f"non-finite values (NaN or inf) in the input of worker(s) {_workers(vals[8])}")
+        ranks = _workers(vals[_NONFINITE_WORD])
+        raise AggregationError(
+            f"non-finite values (NaN or inf) in the input of worker(s) {list(ranks)}", ranks
+        )
     if vals[_UNSCALABLE_WORD]:
-        raise ValueError(
-            f"integer values of worker(s) {_workers(vals[9])} exceed the bound |x| <= "
-            f"{int_bound(world_size)} (= (2^31-1) // {world_size} workers): the sum could overflow int32"
+        ranks = _workers(vals[_UNSCALABLE_WORD])
+        raise AggregationError(
+            f"integer values of worker(s) {list(ranks)} exceed the bound |x| <= {int_bound(world_size)} "
+            f"(= (2^31-1) // {world_size} workers): the sum could overflow int32",
+            ranks,
+        )
+    if vals[_PARTIAL_SUPPORT_WORD]:
+        ranks = _workers(vals[_PARTIAL_SUPPORT_WORD])
+        raise AggregationError(
+            f"the support of worker(s) {list(ranks)} misses nonzero elements of their input: a support must "
+            "list every nonzero element (elements outside it would be dropped)",
+            ranks,
         )
     for word in range(_EXP_WORDS - 1, -1, -1):
         if vals[word]:
             return word * 32 + vals[word].bit_length() - 1
     return None
+
+
+def check_sum_range(values: torch.Tensor, field: int | None, world_size: int) -> None:
+    """Raise AggregationError if the dequantized ``values`` overflowed their dtype (only looked at when
+    ``sum_may_overflow``: the inputs are known finite, so an inf can only come from the sum)."""
+    if not sum_may_overflow(field, world_size, values.dtype) or values.numel() == 0:
+        return
+    if bool(torch.isinf(values).any()):
+        raise AggregationError(
+            f"the sum overflows {values.dtype} (largest finite {torch.finfo(values.dtype).max:g}): "
+            "aggregate in float32, or scale the values down"
+        )
 
 
 def _mul_pow2(x: torch.Tensor, e: int) -> torch.Tensor:

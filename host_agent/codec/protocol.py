@@ -1,0 +1,358 @@
+"""One worker's rounds of the protocol, as a small state machine.
+
+Each state is a method that takes the reduced words of the round just completed (by message kind) and
+returns the next :class:`Round` (its messages and the state that will read their results) or the
+:class:`Outcome`. The methods below read in protocol order:
+
+* sparse modes (``sketch``, ``union``): ``_sparse_start`` -> [``_after_sizing``] -> ``_index_round`` ->
+  ``_after_index`` -> [``_after_residue`` | ``_after_values``] -> ``_finish_sparse``
+* ``dense`` (and a sparse mode whose index and sketch would cost more than the bucket itself):
+  ``_dense_start`` -> ``_dense_round`` -> [``_after_dense_header`` -> ``_dense_round``] -> ``_after_dense``
+  (-> ``_dense_round`` once more if an assumed scale did not hold)
+
+Every decision is taken from aggregated words, identical on every worker, or from options the agreement
+message proved identical; so all workers walk the same states and send the same lengths.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from lhc_ina.constants import LANE_BYTES, LANES, Op
+
+from .agreement import agreement_words, check_agreement
+from .hashing import derive_seed
+from .index import IndexSpec, choose_index, encode_index, expected_false_positives, query_index
+from .items import gather_items, item_count, nonzero_items, scatter_items, support_items
+from .options import Options
+from .peeling import peel
+from .quantize import (
+    FLOAT_DTYPES,
+    HEADER_WORDS,
+    MAX_FIELD,
+    SCALE_SLACK,
+    check_sum_range,
+    dequantize,
+    exponent_field,
+    header_words,
+    int_in_bound,
+    parse_header,
+    quantize,
+    scale_for,
+    scale_holds,
+)
+from .sketch import PEEL_THRESHOLD, SketchSpec, encode_sketch, sketch_cells
+from .state import BucketShape, CodecState
+
+Results = dict[str, torch.Tensor]  # a completed round's reduced words, by message kind
+
+
+@dataclass
+class Round:
+    """The messages of one round, (op, kind, words) each, and the state that reads their results."""
+
+    messages: list[tuple[Op, str, torch.Tensor]]
+    then: Callable[[Results], Round | Outcome]
+
+
+@dataclass
+class Outcome:
+    total: torch.Tensor
+    stats: dict
+    state: CodecState
+
+
+class PhaseClock:
+    """Encode and decode time, when asked for (on CUDA it synchronizes the device around each phase)."""
+
+    def __init__(self, enabled: bool, device: torch.device) -> None:
+        self.enabled = enabled
+        self.sync = enabled and device.type == "cuda"
+        self.device = device
+        self.seconds = {"encode": 0.0, "decode": 0.0}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        self.seconds[phase] += time.perf_counter() - start
+
+
+class Rounds:
+    """The protocol state of one worker for one aggregation (see the module docstring)."""
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        rank: int,
+        world_size: int,
+        options: Options,
+        state: CodecState,
+        digest: int,
+        shape: BucketShape,
+        support: torch.Tensor | None,
+        out: torch.Tensor | None,
+        clock: PhaseClock,
+    ) -> None:
+        self.x, self.rank, self.world, self.opts, self.state = x, rank, world_size, options, state
+        self.shape = shape
+        self.digest, self.support, self.out, self.clock = digest, support, out, clock
+        self.block = options.block
+        self.is_float = x.dtype in FLOAT_DTYPES
+        self.n_items = item_count(x.numel(), self.block)
+        self.lag = options.headroom + SCALE_SLACK
+        self.item_sum: int | None = None  # the workers' summed item counts, from the agreement message
+        self.assumed: int | None = None  # exponent field a scale was assumed from (not yet agreed)
+        self.agreed: int | None = None  # the agreed exponent field (None: every input is zero)
+        self.scale: int | None = None
+        self.header_in_index = False
+        self.items = self.rows = self.cands = self.values = self.left = torch.empty(0)
+        self.index: IndexSpec | None = None
+        self.sketch: SketchSpec | None = None
+        self.stats: dict = {"protocol": options.mode, "scale_redo": False}
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def agreement(self, words: torch.Tensor) -> None:
+        """Check the summed agreement message (cheap: called as soon as it arrives)."""
+        self.item_sum = check_agreement(words, self.world)
+
+    def _agree(self, items: int) -> tuple[Op, str, torch.Tensor]:
+        return Op.ADD, "agree", agreement_words(self.rank, self.digest, items, self.x.device)
+
+    def _header(self, values: torch.Tensor, support_complete: bool = True) -> torch.Tensor:
+        field, finite, in_bound = None, True, True
+        if self.is_float:
+            field, finite = exponent_field(values)
+        else:
+            in_bound = int_in_bound(values, self.world)
+        return header_words(
+            field, self.rank, finite=finite, in_bound=in_bound, support_complete=support_complete,
+            device=self.x.device,
+        )
+
+    def _assumed_field(self) -> int | None:
+        if not self.is_float or self.state.exponent is None:
+            return None
+        return min(self.state.exponent + self.opts.headroom, MAX_FIELD)
+
+    def _settle_scale(self) -> None:
+        """The one rule every mode follows once the agreed exponent is known: the assumed scale when it
+        held, else the agreed one (and the assumption is dropped). So modes quantize a bucket identically,
+        given the same state, and the host agent's ``auto`` may switch modes without changing a bit."""
+        if self.assumed is not None and not scale_holds(self.agreed, self.assumed, self.lag):
+            self.assumed = None
+        self.scale = scale_for(self.agreed if self.assumed is None else self.assumed, self.world)
+
+    def _quantize(self, rows: torch.Tensor, clamp: bool = False) -> torch.Tensor:
+        if not self.is_float:
+            return rows
+        assert self.scale is not None
+        return quantize(rows, self.scale, clamp)
+
+    def _dequantize(self, summed: torch.Tensor) -> torch.Tensor:
+        if not self.is_float:
+            return summed
+        values = dequantize(summed, self.scale or 0, self.x.dtype)
+        check_sum_range(values, self.agreed, self.world)
+        return values
+
+    def _output(self) -> torch.Tensor:
+        return torch.zeros_like(self.x) if self.out is None else self.out.zero_()
+
+    def _parse_header(self, words: torch.Tensor) -> None:
+        with self.clock("decode"):
+            self.agreed = parse_header(words, self.world)
+
+    def start(self) -> Round:
+        return self._dense_start() if self.opts.mode == "dense" else self._sparse_start()
+
+    # --- sketch and union --------------------------------------------------------------------------
+    def _sparse_start(self) -> Round:
+        with self.clock("encode"):
+            if self.support is not None:
+                self.items = support_items(self.support.to(self.x.device), self.block)
+            else:
+                self.items = nonzero_items(self.x, self.block)
+            self.rows = gather_items(self.x, self.items, self.block)
+            complete = True
+            if self.support is not None and self.opts.check_support:
+                complete = int(torch.count_nonzero(self.x)) == int(torch.count_nonzero(self.rows))
+            header = self._header(self.rows, complete)
+        agree = self._agree(self.items.numel())
+        expected = self.opts.expected_items
+        if expected is None:
+            expected = self.state.items or None  # an all-zero last round tells nothing about this one
+        self.assumed = self._assumed_field()
+        if expected is None or (self.is_float and self.opts.mode == "sketch" and self.assumed is None):
+            return Round([agree, (Op.OR, "header", header)], self._after_sizing)
+        return self._index_round(expected, [agree], header)
+
+    def _after_sizing(self, res: Results) -> Round | Outcome:
+        """The sizing round: the item counts bound the union, the header fixes the scale."""
+        self._parse_header(res["header"])
+        if self.is_float:
+            self._settle_scale()
+        expected = self.opts.expected_items if self.opts.expected_items is not None else self.item_sum
+        assert expected is not None
+        if self.item_sum == 0:  # no worker holds a nonzero: the sum is zero, nothing more to send
+            with self.clock("decode"):
+                total = self._output()
+            self.stats.update(index="none", candidates=0, **self._sparse_stats())
+            return self._outcome(total, None)
+        return self._index_round(expected, [], None)
+
+    def _index_round(
+        self, expected: int, prefix: list[tuple[Op, str, torch.Tensor]], header: torch.Tensor | None
+    ) -> Round:
+        """Index (with the header when not yet sent) and, in sketch mode, the sketch, sized for
+        ``expected`` items; the dense bucket instead where that would cost no more."""
+        opts, block = self.opts, self.block
+        iteration = self.state.iteration
+        sketch = opts.mode == "sketch"
+        value_bytes = LANE_BYTES * block * (PEEL_THRESHOLD * (1 + opts.margin) if sketch else 1)
+        index_seed = derive_seed(opts.seed, iteration, 1)
+        spec = choose_index(self.n_items, expected, value_bytes, index_seed, opts.index)
+        candidates = expected + expected_false_positives(spec, expected)
+        cells = 0
+        if sketch:
+            cells = opts.cells or sketch_cells(candidates, opts.margin, block, LANES)
+        payload = cells * block if sketch else candidates * block
+        if spec.words + payload >= self.x.numel():
+            return self._dense_round(prefix, header)
+        self.index = spec
+        with self.clock("encode"):
+            index_words = encode_index(spec, self.items)
+            if header is not None:
+                index_words = torch.cat([header, index_words])
+                self.header_in_index = True
+            messages = [*prefix, (Op.OR, "index", index_words)]
+            if sketch:
+                self.sketch = SketchSpec(cells, block, derive_seed(opts.seed, iteration, 2))
+                if self.is_float and self.scale is None:
+                    self.scale = scale_for(self.assumed, self.world)
+                q = self._quantize(self.rows, clamp=self.assumed is not None)
+                messages.append((Op.ADD, "sketch", encode_sketch(self.sketch, self.items, q)))
+        return Round(messages, self._after_index)
+
+    def _after_index(self, res: Results) -> Round | Outcome:
+        words = res["index"]
+        if self.header_in_index:
+            self._parse_header(words[:HEADER_WORDS])
+            words = words[HEADER_WORDS:]
+        with self.clock("decode"):
+            self.cands = query_index(self.index, words)
+        spec = self.index
+        assert spec is not None
+        k = self.cands.numel()
+        self.stats.update(index=spec.kind, index_words=spec.words, bloom_k=spec.k, candidates=k)
+        if self.sketch is not None and scale_holds(self.agreed, self.assumed, self.lag):
+            with self.clock("decode"):
+                peeled = peel(self.sketch, self.cands, res["sketch"].view(self.sketch.cells, self.block))
+            self.values, self.left = peeled.values, peeled.residue
+            self.stats.update(peel_rounds=peeled.rounds, residue=self.left.numel())
+            if not self.left.numel():
+                return self._finish_sparse()
+            with self.clock("encode"):
+                q = self._quantize(gather_items(self.x, self.cands[self.left], self.block))
+            return Round([(Op.ADD, "residue", q)], self._after_residue)
+        # union mode, or a sketch quantized at a scale that did not hold: every candidate's value, at
+        # the scale of the one rule (the agreed scale after a redo)
+        if self.sketch is not None:
+            self.stats["scale_redo"] = True
+        if self.is_float:
+            self._settle_scale()
+        if not self.cands.numel():
+            self.values = torch.zeros((0, self.block), dtype=torch.int32, device=self.x.device)
+            return self._finish_sparse()
+        with self.clock("encode"):
+            q = self._quantize(gather_items(self.x, self.cands, self.block))
+        return Round([(Op.ADD, "values", q)], self._after_values)
+
+    def _after_residue(self, res: Results) -> Outcome:
+        self.values[self.left] = res["residue"].view(self.left.numel(), self.block)
+        return self._finish_sparse()
+
+    def _after_values(self, res: Results) -> Outcome:
+        self.values = res["values"].view(self.cands.numel(), self.block)
+        return self._finish_sparse()
+
+    def _finish_sparse(self) -> Outcome:
+        with self.clock("decode"):
+            rows = self._dequantize(self.values)
+            total = self._output()
+            scatter_items(total, self.cands, rows, self.block)
+            exact = self.index is not None and self.index.kind == "bitmap"
+            union = self.cands.numel() if exact else int((self.values != 0).any(dim=1).sum())
+        self.stats.update(self._sparse_stats())
+        return self._outcome(total, union or None)  # an empty union tells nothing about the next round
+
+    def _sparse_stats(self) -> dict:
+        residue = self.stats.get("residue", 0)
+        return {
+            "residue": residue,
+            "peel_rounds": self.stats.get("peel_rounds", 0),
+            "fallback": residue > 0,
+            "sketch_cells": self.sketch.cells if self.sketch else 0,
+        }
+
+    # --- dense ---------------------------------------------------------------------------------------
+    def _dense_start(self) -> Round:
+        with self.clock("encode"):
+            header = self._header(self.x)
+        self.assumed = self._assumed_field()
+        return self._dense_round([self._agree(0)], header)  # dense mode does not count items
+
+    def _after_dense_header(self, res: Results) -> Round:
+        self._parse_header(res["header"])
+        if self.is_float:
+            self._settle_scale()
+        return self._dense_round([], None)
+
+    def _dense_round(self, prefix: list[tuple[Op, str, torch.Tensor]], header: torch.Tensor | None) -> Round:
+        """The whole bucket, quantized at the agreed scale, or at the assumed one with the header beside;
+        floats with neither send the header alone first."""
+        self.stats.update(protocol="dense", index="none", candidates=self.x.numel(), residue=0)
+        if self.is_float and self.scale is None:
+            if self.assumed is None:
+                assert header is not None
+                return Round([*prefix, (Op.OR, "header", header)], self._after_dense_header)
+            self.scale = scale_for(self.assumed, self.world)
+        with self.clock("encode"):
+            q = self._quantize(self.x, clamp=self.assumed is not None)
+        header_step = [] if header is None else [(Op.OR, "header", header)]
+        messages = [*prefix, *header_step, (Op.ADD, "dense", q)]
+        return Round(messages, self._after_dense)
+
+    def _after_dense(self, res: Results) -> Round | Outcome:
+        if "header" in res:
+            self._parse_header(res["header"])
+            if not scale_holds(self.agreed, self.assumed, self.lag):
+                self.stats["scale_redo"] = True
+                self.assumed, self.scale = None, scale_for(self.agreed, self.world)
+                return self._dense_round([], None)
+        with self.clock("decode"):
+            values = self._dequantize(res["dense"])
+            total = self._output()
+            total.copy_(values)
+        # a sparse mode that sent the bucket densely still counted its items: the next round's estimate
+        return self._outcome(total, min(self.item_sum, self.n_items) if self.item_sum else None)
+
+    def _outcome(self, total: torch.Tensor, items: int | None) -> Outcome:
+        exponent = self.agreed if self.agreed is not None else self.state.exponent
+        state = CodecState(
+            self.state.iteration + 1, items, exponent if self.is_float else None, self.shape
+        )
+        self.stats.update(scale=self.scale if self.is_float else None, items=items)
+        return Outcome(total, self.stats, state)

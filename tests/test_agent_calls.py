@@ -1,0 +1,97 @@
+"""How the Agent orders and overlaps calls: the next call's first round is encoded while the current one
+waits for the network, invisibly on the wire; workers that disagree fail on every backend, also on one
+(torch.distributed) that cannot survive messages of different lengths."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import torch
+
+from host_agent.agent import Agent
+from host_agent.codec import aggregate_local
+from host_agent.local import LocalGroup
+
+
+def sparse(seed: int, n: int = 30_000) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=generator)
+    x[torch.rand(n, generator=generator) > 0.02] = 0
+    return x
+
+
+def run_members(world: int, calls: list[tuple[str, int]], late_rank: int) -> list[list]:
+    """Every member makes ``calls`` (key, seed) with allreduce_async back to back; ``late_rank`` starts
+    late, so the others' first call is still waiting for it when the later calls are queued."""
+    agents = [Agent(backend, mode="sketch") for backend in LocalGroup(world).members()]
+    results: list[list] = [[] for _ in range(world)]
+
+    def member(agent: Agent) -> None:
+        if agent.rank == late_rank:
+            time.sleep(0.3)
+        futures = [agent.allreduce_async(sparse(seed + 100 * agent.rank), key=key) for key, seed in calls]
+        results[agent.rank] = [future.result(timeout=120) for future in futures]
+
+    threads = [threading.Thread(target=member, args=(agent,)) for agent in agents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    for agent in agents:
+        agent.close()
+    return results
+
+
+def test_the_next_bucket_is_encoded_while_the_current_one_is_on_the_network() -> None:
+    calls = [("bucket-0", 1), ("bucket-1", 2), ("bucket-2", 3)]
+    results = run_members(3, calls, late_rank=2)
+    for number, (key, seed) in enumerate(calls):
+        expected = aggregate_local([sparse(seed + 100 * rank) for rank in range(3)], mode="sketch").total
+        for rank in range(3):
+            assert torch.equal(results[rank][number].total, expected), (key, rank)
+    # rank 0 queued the later calls while its first waited for the late rank: they were encoded ahead
+    assert [r.stats["encoded_ahead"] for r in results[0]] == [False, True, True]
+
+
+def test_a_call_on_the_same_bucket_waits_for_the_state_of_the_one_before() -> None:
+    """The second call of one key needs the first's codec state (its scale and size): never ahead."""
+    calls = [("bucket", 1), ("bucket", 2)]
+    results = run_members(2, calls, late_rank=1)
+    assert [r.stats["encoded_ahead"] for r in results[0]] == [False, False]
+    first = aggregate_local([sparse(1 + 100 * rank) for rank in range(2)], mode="sketch")
+    second = aggregate_local([sparse(2 + 100 * rank) for rank in range(2)], mode="sketch", state=first.state)
+    assert torch.equal(results[0][1].total, second.total) and torch.equal(results[1][1].total, second.total)
+    assert results[0][1].stats["codec"]["rounds"] < first.stats["rounds"]  # the state was used
+
+
+PROCESS_GROUP_MEMBER = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist
+    from host_agent.agent import Agent
+    from host_agent.errors import AggregationError
+    from host_agent.process_group import ProcessGroupBackend
+    rank, init = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    agent = Agent(ProcessGroupBackend(), mode="dense")
+    try:
+        agent.allreduce(torch.ones(1000 + 64 * rank))
+        print("no error")
+    except AggregationError as error:
+        print("AggregationError", error.ranks, error)
+    agent.close()
+""")
+
+
+def test_workers_that_disagree_fail_together_over_a_process_group(tmp_path) -> None:
+    """Gloo collectives of different lengths fail or hang: the agent waits for the agreement first."""
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, "-c", PROCESS_GROUP_MEMBER, str(rank), init],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    for proc, (out, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err[-2000:]
+        assert out.startswith("AggregationError (1,)"), out + err[-2000:]
+        assert "disagree on the codec parameters" in out
