@@ -214,18 +214,6 @@ class P4RuntimeClient:
         self.p4info = p4info
         self.entities = EntityBuilder(p4info)
 
-    def get_p4info(self) -> p4info_pb2.P4Info:
-        """The P4Info the device runs now (empty when no pipeline is set)."""
-        request = p4runtime_pb2.GetForwardingPipelineConfigRequest(
-            device_id=self.device_id,
-            response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE,
-        )
-        try:
-            reply = self.stub.GetForwardingPipelineConfig(request, timeout=self.timeout)
-        except grpc.RpcError as error:
-            raise P4RuntimeError.from_rpc("GetForwardingPipelineConfig", error) from error
-        return reply.config.p4info
-
     def get_pipeline(self) -> tuple[p4info_pb2.P4Info, int | None] | None:
         """The device's P4Info and cookie (None when it has none), or None when no pipeline is loaded.
 
