@@ -65,11 +65,11 @@ def pair():
 @pytest.mark.parametrize("native", LAYERS)
 def test_a_batch_leaves_in_order_and_is_counted(pair, native: bool) -> None:
     channel, peer = pair(native)
-    datagrams = _numbered(700)
+    datagrams = _numbered(1500)  # more than the kernel takes in one sendmmsg
     channel.send_many(datagrams[:3])
     channel.send_many([memoryview(d) for d in datagrams[3:]])
-    assert _drain(peer, 700) == datagrams
-    assert channel.counters.as_dict() == {"sent": 700, "received": 0, "dropped_out": 0, "dropped_in": 0,
+    assert _drain(peer, 1500) == datagrams
+    assert channel.counters.as_dict() == {"sent": 1500, "received": 0, "dropped_out": 0, "dropped_in": 0,
                                           "duplicated_out": 0, "duplicated_in": 0}
 
 
@@ -196,3 +196,16 @@ def test_bad_batches_are_refused_with_a_reason() -> None:
             _udp.recv_batch(0, bytearray(10), 8, 2)
         with pytest.raises(TypeError):
             _udp.send_batch(0, [object()], "127.0.0.1", 1)
+
+
+def test_without_the_extension_the_channel_falls_back_and_says_so_when_asked(monkeypatch) -> None:
+    from host_agent.transport import udp
+
+    monkeypatch.setattr(udp, "_native", None)
+    channel = Channel(LOOPBACK)
+    try:
+        assert isinstance(channel.io, PythonIO)
+    finally:
+        channel.close()
+    with pytest.raises(RuntimeError, match=r"_udp\.c"):
+        Channel(LOOPBACK, native=True)
