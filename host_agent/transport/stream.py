@@ -7,6 +7,8 @@ never sends p + S before it holds the result of p (the switch's shadow-copy rule
 identically when its timer fires, and accepts a result only when it passes the host's checks: the job,
 the current epoch, an outstanding seq and the full bitmap. A message's future completes when all its
 packets' results are in; the caller decodes on its own thread, so timers never wait for the codec.
+What the window allows leaves as one batch, and results are drained a batch per system call
+(``Channel.send_many`` / ``receive_many``: sendmmsg and recvmmsg where ``_udp.c`` is built).
 
 An epoch change (the controller re-admitted the job, e.g. after the switch restarted empty) restarts the
 stream at p = 0 under the new epoch with a one-packet *resync*: each worker adds 1 + the number of its
