@@ -1,7 +1,9 @@
-"""The one compiled part: the codec's CPU kernels (host_agent/codec/_native.c: peeling, set bits).
+"""The compiled parts: the codec's CPU kernels (host_agent/codec/_native.c: peeling, set bits) and the
+worker channel's batched UDP I/O (host_agent/transport/_udp.c: sendmmsg, recvmmsg).
 
-Everything else is in pyproject.toml. The extension is optional: where no C compiler is present the
-install still succeeds and the codec uses its torch implementations, which are slower on a CPU.
+Everything else is in pyproject.toml. Both extensions are optional: where no C compiler is present the
+install still succeeds; the codec then uses its torch implementations and the channel one system call per
+datagram, both slower.
 """
 
 from setuptools import Extension, setup
@@ -13,6 +15,12 @@ setup(
             ["host_agent/codec/_native.c"],
             extra_compile_args=["-O3", "-std=c11"],
             optional=True,
-        )
+        ),
+        Extension(
+            "host_agent.transport._udp",
+            ["host_agent/transport/_udp.c"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall"],
+            optional=True,
+        ),
     ]
 )

@@ -14,6 +14,7 @@ SUITES = {
     "codec": ("benchmarks.codec", "encode/decode speed and bytes on the wire vs memcpy and the info bound"),
     "switch": ("benchmarks.switch", "softswitch packets and aggregated words per second over UDP"),
     "aggregate": ("benchmarks.aggregate", "lhc against dense aggregation through softswitch, W processes"),
+    "udp": ("benchmarks.udp", "datagrams per second through the worker's channel, batched or one at a time"),
 }
 
 

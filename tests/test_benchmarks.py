@@ -53,3 +53,25 @@ def test_codec_benchmark_refuses_bad_arguments_by_name(bad: list[str], capsys) -
         main(["codec", *bad])
     assert exit_info.value.code == 2
     assert bad[0] in capsys.readouterr().err
+
+
+def test_udp_benchmark_reports_every_way_of_both_tests(capsys) -> None:
+    from host_agent.transport.udp import native_udp_available
+
+    assert main(["udp", "--seconds", "0.2", "--batch", "8", "--json"]) == 0
+    rows = [r for r in _json_lines(capsys.readouterr().out) if "test" in r]
+    ways = ["per-datagram", "python-batch"] + (["native-batch"] if native_udp_available() else [])
+    assert [(r["test"], r["way"]) for r in rows] == [(t, w) for t in ("send", "echo") for w in ways]
+    for row in rows:
+        assert row["datagrams"] > 0 and row["datagrams_per_s"] > 0
+        assert row["speedup_vs_per_datagram"] > 0
+    assert all("lost" in r for r in rows if r["test"] == "echo")
+
+
+@pytest.mark.parametrize("bad", [["--batch", "0"], ["--batch", "2000"], ["--size", "70000"],
+                                 ["--seconds", "0"], ["--ways", "turbo"], ["--tests", "send,x"]])
+def test_udp_benchmark_refuses_bad_arguments_by_name(bad: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["udp", *bad])
+    assert exit_info.value.code == 2
+    assert bad[0] in capsys.readouterr().err

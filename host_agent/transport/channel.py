@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from host_agent.transport.udp import ReceiveBatch, batch_io
 
 
 @dataclass(frozen=True)
@@ -45,13 +48,20 @@ class ChannelCounters:
 
 @dataclass
 class Channel:
-    """One bound UDP socket that talks to one switch address."""
+    """One bound UDP socket that talks to one switch address, a batch of datagrams per system call.
+
+    ``native`` picks the batched I/O layer (``transport/udp.py``): None takes sendmmsg/recvmmsg where the
+    extension is built, False forces one system call per datagram. Impairments and counters are per
+    datagram either way, drawn in the same order, so a seed gives the same losses on both layers.
+    """
 
     local: tuple[str, int]
     switch: tuple[str, int] = ("0.0.0.0", 0)  # set once the controller says where the switch is
     impairment: Impairment = field(default_factory=Impairment)
+    native: bool | None = None
 
     def __post_init__(self) -> None:
+        self.io = batch_io(self.native)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
@@ -60,51 +70,60 @@ class Channel:
         self.local = self.sock.getsockname()
         self.counters = ChannelCounters()
         self._random = random.Random(self.impairment.seed)
-        self._held: bytes | None = None  # an incoming datagram to deliver a second time
+        self._resolved: tuple[tuple[str, int], tuple[str, int]] | None = None  # switch -> dotted address
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, datagram: bytes | memoryview) -> None:
-        """Send one datagram to the switch (or lose or double it, when impaired)."""
+    def send_many(self, datagrams: Sequence[bytes | memoryview]) -> None:
+        """Send ``datagrams`` to the switch in order (each one lost or doubled on its own, when impaired);
+        a datagram the kernel refuses (full socket buffer) is lost, as on a full link."""
         if self.impairment.active:
+            datagrams = self._impair_outgoing(datagrams)
+        if not datagrams:
+            return
+        sent, failed = self.io.send(self.sock, datagrams, self._destination())
+        self.counters.sent += sent
+        self.counters.dropped_out += failed
+
+    def _impair_outgoing(self, datagrams: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+        kept: list[bytes | memoryview] = []
+        for datagram in datagrams:
             if self._random.random() < self.impairment.loss:
                 self.counters.dropped_out += 1
-                return
+                continue
             if self._random.random() < self.impairment.duplicate:
                 self.counters.duplicated_out += 1
-                self._sendto(datagram)
-        self._sendto(datagram)
+                kept.append(datagram)
+            kept.append(datagram)
+        return kept
 
-    def _sendto(self, datagram: bytes | memoryview) -> None:
-        try:
-            self.sock.sendto(datagram, self.switch)
-        except (BlockingIOError, ConnectionRefusedError):
-            self.counters.dropped_out += 1  # a full socket buffer loses it, as a full link would
-            return
-        self.counters.sent += 1
+    def _destination(self) -> tuple[str, int]:
+        if self._resolved is None or self._resolved[0] != self.switch:
+            host, port = self.switch
+            self._resolved = (self.switch, (socket.gethostbyname(host), port))
+        return self._resolved[1]
 
-    def receive(self, buffer: bytearray) -> tuple[int, tuple[str, int]] | None:
-        """One datagram into ``buffer``: (length, source), or None when nothing is waiting."""
-        if self._held is not None:
-            data, self._held = self._held, None
-            buffer[: len(data)] = data
-            return len(data), self.switch
-        while True:
-            try:
-                length, source = self.sock.recvfrom_into(buffer)
-            except BlockingIOError:
-                return None
-            self.counters.received += 1
-            if not self.impairment.active:
-                return length, source
+    def receive_many(self, batch: ReceiveBatch) -> int:
+        """Refill ``batch`` with the datagrams waiting (at most its capacity); returns how many were taken
+        from the socket, so ``== batch.capacity`` means more may be waiting. ``len(batch)`` is how many
+        it delivers after impairment: losses are left out, a duplicate follows its original."""
+        received = self.io.receive(self.sock, batch.buffer, batch.slot, batch.capacity)
+        self.counters.received += len(received)
+        if not self.impairment.active:
+            batch.entries = [(at, length, source) for at, (length, source) in enumerate(received)]
+            return len(received)
+        entries = []
+        for at, (length, source) in enumerate(received):
             if self._random.random() < self.impairment.loss:
                 self.counters.dropped_in += 1
                 continue
+            entries.append((at, length, source))
             if self._random.random() < self.impairment.duplicate and source == self.switch:
                 self.counters.duplicated_in += 1
-                self._held = bytes(buffer[:length])
-            return length, source
+                entries.append((at, length, source))
+        batch.entries = entries
+        return len(received)
 
     def close(self) -> None:
         self.sock.close()

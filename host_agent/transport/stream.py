@@ -7,6 +7,8 @@ never sends p + S before it holds the result of p (the switch's shadow-copy rule
 identically when its timer fires, and accepts a result only when it passes the host's checks: the job,
 the current epoch, an outstanding seq and the full bitmap. A message's future completes when all its
 packets' results are in; the caller decodes on its own thread, so timers never wait for the codec.
+What the window allows leaves as one batch, and results are drained a batch per system call
+(``Channel.send_many`` / ``receive_many``: sendmmsg and recvmmsg where ``_udp.c`` is built).
 
 An epoch change (the controller re-admitted the job, e.g. after the switch restarted empty) restarts the
 stream at p = 0 under the new epoch with a one-packet *resync*: each worker adds 1 + the number of its
@@ -41,13 +43,16 @@ from host_agent.transport.packets import (
     parse_result,
     result_words,
 )
+from host_agent.transport.udp import ReceiveBatch
 from host_agent.transport.window import RoundTrip, Window
 from lhc_ina import constants as c
 
 log = logging.getLogger(__name__)
 
-#: Results drained per wake-up before the thread looks at its timers and send queue again.
+#: Results drained per wake-up before the thread looks at its timers and send queue again, taken from the
+#: socket ``_RECEIVE_BATCH`` per system call.
 _RECEIVE_BURST = 256
+_RECEIVE_BATCH = 64
 #: Messages shorter than this say little about the rate (their time is mostly one round trip).
 _RATE_MIN_PACKETS = 32
 #: ``diagnose(what)`` names the workers a stalled packet waits for: (message, ranks).
@@ -129,7 +134,7 @@ class PacketStream:
         self._send_next = 0  # first position never sent
         self._low = 0  # first position without its result
         self._inflight: dict[int, list[float]] = {}  # position -> [deadline, retries, first sent]
-        self._buffer = bytearray(65536)
+        self._received = ReceiveBatch(_RECEIVE_BATCH, PACKET_BYTES + 1)  # + 1: a longer one is never whole
         self._thread = threading.Thread(target=self._run, name=f"lhc-stream-{who.rank}", daemon=True)
         self._thread.start()
 
@@ -218,49 +223,56 @@ class PacketStream:
                     pass
 
     def _send(self) -> None:
+        """Every packet the window and the shadow-copy rule allow, in order, as one batch."""
         limit = min(self._next_free, self._low + self.who.slot_count)
         now = time.monotonic()
+        batch: list[memoryview] = []
         while self._send_next < limit and len(self._inflight) < self.window.packets:
             position = self._send_next
             message = self._message_at(position)
             if position == message.first:
                 message.started = now
-            self.channel.send(message.packet(position))
+            batch.append(message.packet(position))
             self._inflight[position] = [now + self.rtt.rto, 0, now]
-            self.stats.packets_sent += 1
             self._send_next += 1
+        if batch:
+            self.channel.send_many(batch)
+            self.stats.packets_sent += len(batch)
 
     def _message_at(self, position: int) -> _Message:
         at = bisect.bisect_right(self._active, position, key=lambda m: m.first) - 1
         return self._active[at]
 
     def _receive(self) -> None:
-        view = memoryview(self._buffer)
-        for _ in range(_RECEIVE_BURST):
-            got = self.channel.receive(self._buffer)
-            if got is None:
+        batch = self._received
+        for _ in range(_RECEIVE_BURST // batch.capacity):
+            taken = self.channel.receive_many(batch)
+            for index in range(len(batch)):
+                self._check_result(batch.datagram(index), batch.source(index))
+            if taken < batch.capacity:
                 return
-            length, source = got
-            datagram = view[:length]
-            header = parse_result(datagram) if source == self.channel.switch else None
-            if header is None or header.job_id != self.who.job_id:
-                self.stats.foreign_packets += 1
-                continue
-            if header.epoch != self.who.epoch:
+
+    def _check_result(self, datagram: memoryview, source: tuple[str, int]) -> None:
+        """Accept a result that passes the host's checks; count anything else by why it was dropped."""
+        header = parse_result(datagram) if source == self.channel.switch else None
+        if header is None or header.job_id != self.who.job_id:
+            self.stats.foreign_packets += 1
+            return
+        if header.epoch != self.who.epoch:
+            self.stats.stale_results += 1
+            return
+        position = self._low + ((header.seq - self._low) & 0xFFFFFFFF)
+        entry = self._inflight.get(position)
+        if entry is None:
+            if position < self._send_next:
+                self.stats.duplicate_results += 1
+            else:
                 self.stats.stale_results += 1
-                continue
-            position = self._low + ((header.seq - self._low) & 0xFFFFFFFF)
-            entry = self._inflight.get(position)
-            if entry is None:
-                if position < self._send_next:
-                    self.stats.duplicate_results += 1
-                else:
-                    self.stats.stale_results += 1
-                continue
-            if header.bitmap != self.full_mask:
-                self.stats.partial_results += 1  # never a partial sum: wait for the full one
-                continue
-            self._accept(position, entry, datagram)
+            return
+        if header.bitmap != self.full_mask:
+            self.stats.partial_results += 1  # never a partial sum: wait for the full one
+            return
+        self._accept(position, entry, datagram)
 
     def _accept(self, position: int, entry: list[float], datagram: memoryview) -> None:
         del self._inflight[position]
@@ -297,6 +309,7 @@ class PacketStream:
             self._log.popleft()
 
     def _check_timers(self, now: float) -> None:
+        resend: list[memoryview] = []
         for position, entry in self._inflight.items():
             if entry[0] > now:
                 continue
@@ -306,11 +319,13 @@ class PacketStream:
                 message, ranks = self.diagnose(what)
                 self._fail_all(AggregationError(message, ranks))
                 return
-            self.channel.send(self._message_at(position).packet(position))
+            resend.append(self._message_at(position).packet(position))
             entry[1] += 1
             entry[0] = now + self.rtt.backoff(int(entry[1]))
             self.stats.retransmissions += 1
             self.window.on_timeout(now, self.rtt.srtt or self.rtt.rto)
+        if resend:
+            self.channel.send_many(resend)
 
     # --- epoch changes -------------------------------------------------------------------------------
     def _restart(self, epoch: int) -> None:

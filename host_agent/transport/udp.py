@@ -1,0 +1,126 @@
+"""Many datagrams per system call (sendmmsg, recvmmsg in ``_udp.c``), or one per call where it is not built.
+
+Both implementations have the same contract, so the channel above them behaves the same either way: a
+batch leaves in order, a datagram the kernel refuses for a full buffer or an unreachable port is counted
+as failed and skipped, and received datagrams land one per slot of a caller's buffer.
+"""
+
+from __future__ import annotations
+
+import socket
+from types import ModuleType
+from typing import Protocol
+
+_native: ModuleType | None
+try:
+    from . import _udp as _native
+except ImportError:  # built without a C compiler
+    _native = None
+
+#: A UDP payload is at most 65,507 bytes on IPv4: a slot this long never cuts a datagram.
+MAX_DATAGRAM = 65536
+#: recvmmsg takes at most this many messages per call (the kernel's UIO_MAXIOV).
+MAX_BATCH = 1024
+
+Address = tuple[str, int]
+Received = list[tuple[int, Address]]
+
+
+class BatchIO(Protocol):
+    """What the channel needs of a batched socket layer."""
+
+    def send(self, sock: socket.socket, datagrams: list, address: Address) -> tuple[int, int]:
+        """Send ``datagrams`` to ``address`` in order: (sent, failed)."""
+        ...
+
+    def receive(self, sock: socket.socket, buffer: bytearray, slot: int, capacity: int) -> Received:
+        """Up to ``capacity`` waiting datagrams into ``buffer``'s slots: [(length, source)]."""
+        ...
+
+
+class NativeIO:
+    """sendmmsg and recvmmsg: one system call per batch."""
+
+    name = "native"
+
+    def send(self, sock: socket.socket, datagrams: list, address: Address) -> tuple[int, int]:
+        return _native.send_batch(sock.fileno(), datagrams, address[0], address[1])
+
+    def receive(self, sock: socket.socket, buffer: bytearray, slot: int, capacity: int) -> Received:
+        return _native.recv_batch(sock.fileno(), buffer, slot, capacity)
+
+
+class PythonIO:
+    """sendto and recvfrom_into: one system call per datagram, where the extension is not built."""
+
+    name = "python"
+
+    def send(self, sock: socket.socket, datagrams: list, address: Address) -> tuple[int, int]:
+        failed = 0
+        for datagram in datagrams:
+            try:
+                sock.sendto(datagram, address)
+            except (BlockingIOError, ConnectionRefusedError):
+                failed += 1
+        return len(datagrams) - failed, failed
+
+    def receive(self, sock: socket.socket, buffer: bytearray, slot: int, capacity: int) -> Received:
+        view = memoryview(buffer)
+        received: Received = []
+        for index in range(capacity):
+            try:
+                received.append(sock.recvfrom_into(view[index * slot : (index + 1) * slot]))
+            except BlockingIOError:
+                break
+        return received
+
+
+def native_udp_available() -> bool:
+    """Whether setup.py built the batched I/O extension."""
+    return _native is not None
+
+
+def batch_io(native: bool | None = None) -> BatchIO:
+    """The native layer when built (``native=None``), or the one asked for; a clear error when the
+    native one is asked for and not built."""
+    if native is None:
+        native = _native is not None
+    if native and _native is None:
+        raise RuntimeError(
+            "the batched UDP extension (host_agent/transport/_udp.c) is not built: reinstall "
+            "(pip install -e .) where a C compiler and the Python headers are present"
+        )
+    return NativeIO() if native else PythonIO()
+
+
+class ReceiveBatch:
+    """Room for ``capacity`` datagrams of up to ``slot`` bytes, refilled by each ``Channel.receive_many``.
+
+    A longer datagram arrives cut to ``slot`` bytes, so a reader that accepts only datagrams of exactly
+    n bytes can use ``slot = n + 1``: a cut one is then never mistaken for a whole one.
+    """
+
+    def __init__(self, capacity: int = 64, slot: int = MAX_DATAGRAM) -> None:
+        if not 1 <= capacity <= MAX_BATCH:
+            raise ValueError(f"a receive batch holds 1..{MAX_BATCH} datagrams, not {capacity}")
+        if not 1 <= slot <= MAX_DATAGRAM:
+            raise ValueError(f"a receive slot holds 1..{MAX_DATAGRAM} bytes, not {slot}")
+        self.capacity = capacity
+        self.slot = slot
+        self.buffer = bytearray(capacity * slot)
+        view = memoryview(self.buffer)
+        self._slots = [view[i * slot : (i + 1) * slot] for i in range(capacity)]
+        #: What the last receive delivered, in order: (slot index, length, source); a duplicated datagram
+        #: is listed twice, one after the other, pointing at the same slot.
+        self.entries: list[tuple[int, int, Address]] = []
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def datagram(self, index: int) -> memoryview:
+        """The ``index``-th datagram the last receive delivered."""
+        at, length, _ = self.entries[index]
+        return self._slots[at][:length]
+
+    def source(self, index: int) -> Address:
+        return self.entries[index][2]

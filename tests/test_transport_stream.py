@@ -1,0 +1,87 @@
+"""The packet stream over a batched channel, against a one-worker fake switch that answers every packet."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from host_agent.transport.channel import Channel
+from host_agent.transport.packets import StreamIdentity
+from host_agent.transport.stream import PacketStream
+from host_agent.transport.udp import native_udp_available
+from lhc_ina import constants as c
+from lhc_ina.wire import unpack_packet
+
+
+class _RecordingChannel(Channel):
+    """A channel that remembers how many datagrams each send_many carried."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.batches: list[int] = []
+
+    def send_many(self, datagrams) -> None:
+        self.batches.append(len(datagrams))
+        super().send_many(datagrams)
+
+
+class _EchoSwitch:
+    """Turns each DATA packet of a one-worker job into its RESULT, after a malformed datagram and a result
+    of another job, so the stream's receive batches always hold packets it must drop."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.seqs: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, worker = self.sock.recvfrom(2048)
+            except TimeoutError:
+                continue
+            header, _ = unpack_packet(data)
+            self.seqs.append(header.seq)
+            result = header.replace(msg_type=c.MsgType.RESULT, bitmap=1)
+            self.sock.sendto(b"malformed", worker)
+            self.sock.sendto(result.replace(job_id=header.job_id + 1).pack() + data[c.HEADER_BYTES:], worker)
+            self.sock.sendto(result.pack() + data[c.HEADER_BYTES:], worker)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("native", [
+    pytest.param(True, id="native",
+                 marks=pytest.mark.skipif(not native_udp_available(), reason="_udp extension not built")),
+    pytest.param(False, id="python"),
+])
+def test_the_stream_sends_windows_in_order_and_keeps_good_results_among_bad_ones(native: bool) -> None:
+    switch = _EchoSwitch()
+    channel = _RecordingChannel(("127.0.0.1", 0), switch.sock.getsockname(), native=native)
+    stream = PacketStream(channel, StreamIdentity(job_id=5, rank=0, epoch=1, slot_count=64), world_size=1)
+    try:
+        words = np.arange(-3000, 3000, dtype=np.int32)  # 94 packets
+        first = stream.submit(c.Op.ADD, words)
+        second = stream.submit(c.Op.OR, words[::-1].copy())
+        assert np.array_equal(first.result(timeout=60), words)
+        assert np.array_equal(second.result(timeout=60), words[::-1])
+    finally:
+        stream.close()
+        channel.close()
+        switch.close()
+    firsts = list(dict.fromkeys(switch.seqs))  # first sends, retransmissions left out
+    assert firsts == list(range(len(firsts)))
+    assert max(channel.batches) > 1, "a window's packets leave in one batch"
+    assert stream.stats.results == len(firsts)
+    # two bad datagrams came before every result and were dropped without hiding it
+    assert stream.stats.foreign_packets >= 2 * stream.stats.results
