@@ -25,7 +25,7 @@ from typing import Any
 from benchmarks.aggregate import _bounded
 from host_agent.transport.channel import Channel
 from host_agent.transport.packets import PACKET_BYTES
-from host_agent.transport.udp import MAX_BATCH, ReceiveBatch, native_udp_available
+from lhc_ina.udp import MAX_BATCH, ReceiveBatch, native_udp_available
 
 WAYS = ("per-datagram", "python-batch", "native-batch")
 TESTS = ("send", "echo")
@@ -138,7 +138,7 @@ def _echo(way: str, args: argparse.Namespace, server: tuple[str, int]) -> dict[s
 def run(args: argparse.Namespace) -> int:
     ways = [w for w in args.ways if w != "native-batch" or native_udp_available()]
     if len(ways) < len(args.ways):
-        print(json.dumps({"skipped": "native-batch", "reason": "host_agent/transport/_udp.c is not built"}))
+        print(json.dumps({"skipped": "native-batch", "reason": "lhc_ina/_udp.c is not built"}))
     context = multiprocessing.get_context("spawn")
     ready, stop = context.Queue(), context.Event()
     server = context.Process(target=_echo_server, args=(ready, stop), daemon=True)

@@ -3,6 +3,7 @@
 One thread owns the pipeline's receive buffer. It holds the switch lock for one burst at a time, so a
 P4Runtime write lands between bursts, never inside a packet (the ``@atomic`` block of the P4 program is
 therefore atomic here too), and a burst is short enough (``BURST`` packets) that writes are not delayed.
+What a burst sends leaves when the burst ends, a batch per port (``Port.flush``), outside the lock.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ class DataPlane:
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._sending: set[Port] = set()  # ports that queued frames in this burst
 
     def emit(self, port: int, frame: memoryview) -> None:
         """Send a frame out of ``port``; a port with nothing attached drops it, as on BMv2."""
         target = self.ports.get(port)
         if target is not None:
             target.send(frame)
+            self._sending.add(target)
 
     def run(self) -> None:
         poller = select.poll()
@@ -67,6 +70,9 @@ class DataPlane:
                             except Exception:  # a bug must cost one packet, not the switch
                                 self.errors += 1
                                 log.exception("port %d: a frame of %d bytes raised; dropped", number, length)
+                for sending in self._sending:
+                    sending.flush()
+                self._sending.clear()
 
     def _run_logged(self) -> None:
         try:

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -153,21 +154,30 @@ def test_a_silent_worker_is_named(stack) -> None:
 
 
 def test_a_switch_restart_mid_bucket_ends_exact(stack) -> None:
+    """The switch is killed (-9) once the workers hold part of the bucket's results, and comes back empty:
+    the controller re-admits the job under a new epoch and the workers replay what was unfinished."""
     switch, controller = stack
     inputs = sparse_inputs(3, 400_000, 1.0, torch.int32, seed=3)
-    started = threading.Barrier(3 + 1)
+    running: list[Agent] = []
 
     def work(agent: Agent) -> object:
-        future = agent.allreduce_async(inputs[agent.rank], mode="dense")
-        started.wait(timeout=60)
-        return future.result(timeout=240)
+        running.append(agent)
+        return agent.allreduce_async(inputs[agent.rank], mode="dense").result(timeout=240)
 
-    restarter = threading.Thread(target=lambda: (started.wait(timeout=60), switch.restart()))
+    def crash_mid_bucket() -> None:
+        deadline = time.monotonic() + 120
+        while not any(agent.backend.counters()["results"] >= 500 for agent in list(running)):
+            assert time.monotonic() < deadline, "the bucket never started"
+            time.sleep(0.001)
+        switch.proc.kill()  # 6,250 packets per worker: most of the bucket is still to come
+        switch.restart()
+
+    restarter = threading.Thread(target=crash_mid_bucket)
     restarter.start()
     results = run_agents(controller, 3, work, timeout_s=60.0)
     restarter.join()
     assert_exact(results, inputs)
-    assert any(r.stats["transport"]["epoch_changes"] > 0 for r in results)
+    assert all(r.stats["transport"]["epoch_changes"] > 0 for r in results)
 
 
 def test_lhc_agent_cli_aggregates_and_prints_stats(stack) -> None:

@@ -56,7 +56,7 @@ def test_codec_benchmark_refuses_bad_arguments_by_name(bad: list[str], capsys) -
 
 
 def test_udp_benchmark_reports_every_way_of_both_tests(capsys) -> None:
-    from host_agent.transport.udp import native_udp_available
+    from lhc_ina.udp import native_udp_available
 
     assert main(["udp", "--seconds", "0.2", "--batch", "8", "--json"]) == 0
     rows = [r for r in _json_lines(capsys.readouterr().out) if "test" in r]

@@ -250,9 +250,40 @@ def test_udp_port_synthesizes_a_valid_frame_and_sends_the_udp_payload():
         reply = bytearray(frame)
         reply[30:34], reply[36:38] = ip[12:16], udp[0:2]
         port.send(memoryview(reply))
+        port.flush()
         assert peer.recvfrom(100) == (b"lhc bytes", port.address)
         port.send(memoryview(bytes(60)))
         assert port.dropped_non_udp == 1
     finally:
         port.close()
+
+
+def test_udp_port_queues_what_leaves_and_flushes_it_in_order_to_each_destination():
+    """A result's copies (one per worker) leave together at the end of a burst, each to its own
+    worker, in the order they were emitted."""
+    port = UdpPort(PortSpec(4, host="127.0.0.1", udp_port=0), bytearray(70000))
+    peers = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+    try:
+        for peer in peers:
+            peer.bind(("127.0.0.1", 0))
+        template = wire.build_frame(b"", src_mac="02:00:00:00:00:01", dst_mac="02:00:00:00:00:02",
+                                    src_ip="127.0.0.1", dst_ip="127.0.0.1", src_port=1, dst_port=1)
+        for copy in range(6):
+            frame = bytearray(template) + bytes([copy])
+            frame[36:38] = peers[copy % 3].getsockname()[1].to_bytes(2, "big")
+            port.send(memoryview(frame))
+        for peer in peers:
+            peer.setblocking(False)
+            with pytest.raises(BlockingIOError):  # queued, not sent yet
+                peer.recv(10)
+            peer.setblocking(True)
+            peer.settimeout(3)
+        port.flush()
+        for index, peer in enumerate(peers):
+            assert [peer.recv(10) for _ in range(2)] == [bytes([index]), bytes([index + 3])]
+        assert port.send_errors == 0
+    finally:
+        port.close()
+        for peer in peers:
+            peer.close()
         peer.close()

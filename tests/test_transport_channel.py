@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from host_agent.transport.channel import Channel, Impairment
-from host_agent.transport.udp import MAX_BATCH, PythonIO, ReceiveBatch, native_udp_available
+from lhc_ina.udp import MAX_BATCH, PythonIO, ReceiveBatch, batch_io, native_udp_available
 
 LAYERS = [
     pytest.param(True, id="native",
@@ -188,7 +188,7 @@ def test_bad_batches_are_refused_with_a_reason() -> None:
     with pytest.raises(ValueError, match="bytes"):
         ReceiveBatch(slot=0)
     if native_udp_available():
-        from host_agent.transport import _udp
+        from lhc_ina import _udp
 
         with pytest.raises(ValueError, match="IPv4"):
             _udp.send_batch(0, [b"x"], "not-an-address", 1)
@@ -199,7 +199,7 @@ def test_bad_batches_are_refused_with_a_reason() -> None:
 
 
 def test_without_the_extension_the_channel_falls_back_and_says_so_when_asked(monkeypatch) -> None:
-    from host_agent.transport import udp
+    from lhc_ina import udp
 
     monkeypatch.setattr(udp, "_native", None)
     channel = Channel(LOOPBACK)
@@ -209,3 +209,26 @@ def test_without_the_extension_the_channel_falls_back_and_says_so_when_asked(mon
         channel.close()
     with pytest.raises(RuntimeError, match=r"_udp\.c"):
         Channel(LOOPBACK, native=True)
+
+
+@pytest.mark.parametrize("native", LAYERS)
+def test_send_each_sends_every_datagram_to_its_own_destination_in_order(native: bool) -> None:
+    """What softswitch's UDP ports use: a result's copies, one per worker, in one batch."""
+    io = batch_io(native)
+    sinks = [_sink() for _ in range(3)]
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        datagrams = _numbered(300)
+        destinations = [socket.inet_aton("127.0.0.1") + sinks[i % 3].getsockname()[1].to_bytes(2, "big")
+                        for i in range(300)]
+        assert io.send_each(sender, datagrams, destinations) == (300, 0)
+        for index, sink in enumerate(sinks):
+            assert _drain(sink, 100) == datagrams[index::3]
+        with pytest.raises(ValueError, match="2 datagrams but 1 destinations"):
+            io.send_each(sender, datagrams[:2], destinations[:1])
+        with pytest.raises(ValueError, match="not 6"):
+            io.send_each(sender, datagrams[:1], [b"\x7f\x00\x00\x01"])
+    finally:
+        sender.close()
+        for sink in sinks:
+            sink.close()

@@ -11,8 +11,8 @@ import pytest
 from host_agent.transport.channel import Channel
 from host_agent.transport.packets import StreamIdentity
 from host_agent.transport.stream import PacketStream
-from host_agent.transport.udp import native_udp_available
 from lhc_ina import constants as c
+from lhc_ina.udp import native_udp_available
 from lhc_ina.wire import unpack_packet
 
 

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from host_agent.transport.udp import ReceiveBatch, batch_io
+from lhc_ina.udp import ReceiveBatch, batch_io
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class ChannelCounters:
 class Channel:
     """One bound UDP socket that talks to one switch address, a batch of datagrams per system call.
 
-    ``native`` picks the batched I/O layer (``transport/udp.py``): None takes sendmmsg/recvmmsg where the
+    ``native`` picks the batched I/O layer (``lhc_ina/udp.py``): None takes sendmmsg/recvmmsg where the
     extension is built, False forces one system call per datagram. Impairments and counters are per
     datagram either way, drawn in the same order, so a seed gives the same losses on both layers.
     """

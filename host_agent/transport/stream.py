@@ -43,9 +43,9 @@ from host_agent.transport.packets import (
     parse_result,
     result_words,
 )
-from host_agent.transport.udp import ReceiveBatch
 from host_agent.transport.window import RoundTrip, Window
 from lhc_ina import constants as c
+from lhc_ina.udp import ReceiveBatch
 
 log = logging.getLogger(__name__)
 

@@ -1,15 +1,19 @@
 /*
- * Batched UDP I/O for the worker's channel: sendmmsg and recvmmsg, one system call for many datagrams.
+ * Batched UDP I/O: sendmmsg and recvmmsg, one system call for many datagrams.
  *
- * The agent sends a window of packets and drains results in bursts; one system call per datagram made
- * the kernel entry, the socket lookup and the Python call the larger part of the per-packet cost. Both
- * functions work on a non-blocking IPv4 UDP socket that the caller owns, and release the GIL while the
- * kernel works, so the caller's other threads (the codec) keep running.
+ * The worker's channel sends a window of packets and drains results in bursts; softswitch sends every
+ * copy of a result (one per worker). One system call per datagram made the kernel entry, the socket
+ * lookup and the Python call the larger part of the per-packet cost. The functions work on a non-blocking
+ * IPv4 UDP socket that the caller owns, and release the GIL while the kernel works, so the caller's other
+ * threads (the codec, the P4Runtime server) keep running.
  *
  * send_batch(fd, datagrams, host, port) -> (sent, failed)
  *     Sends every datagram (any buffer) to host:port, in order. A datagram the kernel refuses because
  *     the socket buffer is full or the destination answered "port unreachable" is counted in `failed`
  *     and skipped, as one sendto would have lost it; any other error raises OSError.
+ * send_each(fd, datagrams, destinations) -> (sent, failed)
+ *     The same, datagram i to destinations[i]: 6 bytes, the IPv4 address then the UDP port, both in
+ *     network order (as they lie in the packet's headers, so the caller need not convert them).
  * recv_batch(fd, buffer, slot, capacity) -> [(length, (host, port)), ...]
  *     Receives up to `capacity` waiting datagrams, datagram i into buffer[i * slot : (i + 1) * slot];
  *     a longer datagram arrives cut to `slot` bytes. An empty list when nothing is waiting.
@@ -49,16 +53,10 @@ static void release_views(Py_buffer *views, Py_ssize_t count)
         PyBuffer_Release(&views[i]);
 }
 
-static PyObject *py_send_batch(PyObject *self, PyObject *args)
+/* Send datagrams[i] to addresses[i % n_addresses] for every i, in order: (sent, failed) or NULL. */
+static PyObject *send_all(int fd, PyObject *datagrams, const struct sockaddr_in *addresses,
+                          Py_ssize_t n_addresses)
 {
-    int fd, port;
-    const char *host;
-    PyObject *datagrams;
-    if (!PyArg_ParseTuple(args, "iOsi", &fd, &datagrams, &host, &port))
-        return NULL;
-    struct sockaddr_in address;
-    if (parse_destination(host, port, &address) < 0)
-        return NULL;
     PyObject *sequence = PySequence_Fast(datagrams, "datagrams must be a sequence of buffers");
     if (sequence == NULL)
         return NULL;
@@ -78,8 +76,8 @@ static PyObject *py_send_batch(PyObject *self, PyObject *args)
             goto done;
         iov[held].iov_base = views[held].buf;
         iov[held].iov_len = (size_t)views[held].len;
-        messages[held].msg_hdr.msg_name = &address;
-        messages[held].msg_hdr.msg_namelen = sizeof(address);
+        messages[held].msg_hdr.msg_name = (void *)&addresses[held % n_addresses];
+        messages[held].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
         messages[held].msg_hdr.msg_iov = &iov[held];
         messages[held].msg_hdr.msg_iovlen = 1;
     }
@@ -112,6 +110,69 @@ done:
     PyMem_Free(views);
     PyMem_Free(iov);
     PyMem_Free(messages);
+    Py_DECREF(sequence);
+    return result;
+}
+
+static PyObject *py_send_batch(PyObject *self, PyObject *args)
+{
+    int fd, port;
+    const char *host;
+    PyObject *datagrams;
+    if (!PyArg_ParseTuple(args, "iOsi", &fd, &datagrams, &host, &port))
+        return NULL;
+    struct sockaddr_in address;
+    if (parse_destination(host, port, &address) < 0)
+        return NULL;
+    return send_all(fd, datagrams, &address, 1);
+}
+
+static PyObject *py_send_each(PyObject *self, PyObject *args)
+{
+    int fd;
+    PyObject *datagrams, *destinations;
+    if (!PyArg_ParseTuple(args, "iOO", &fd, &datagrams, &destinations))
+        return NULL;
+    PyObject *sequence = PySequence_Fast(destinations, "destinations must be a sequence of 6-byte buffers");
+    if (sequence == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
+    Py_ssize_t n_datagrams = PyObject_Length(datagrams);
+    PyObject *result = NULL;
+    struct sockaddr_in *addresses = NULL;
+    if (n_datagrams < 0)
+        goto done;
+    if (n_datagrams != count) {
+        PyErr_Format(PyExc_ValueError, "%zd datagrams but %zd destinations", n_datagrams, count);
+        goto done;
+    }
+    if (count == 0) {
+        result = Py_BuildValue("(nn)", (Py_ssize_t)0, (Py_ssize_t)0);
+        goto done;
+    }
+    addresses = PyMem_Calloc(count, sizeof(struct sockaddr_in));
+    if (addresses == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(sequence, i), &view, PyBUF_SIMPLE) < 0)
+            goto done;
+        if (view.len != 6) {
+            PyErr_Format(PyExc_ValueError, "destination %zd has %zd bytes, not 6 (IPv4 address, port)", i,
+                         view.len);
+            PyBuffer_Release(&view);
+            goto done;
+        }
+        addresses[i].sin_family = AF_INET;
+        memcpy(&addresses[i].sin_addr, view.buf, 4);
+        memcpy(&addresses[i].sin_port, (const char *)view.buf + 4, 2);
+        PyBuffer_Release(&view);
+    }
+    result = send_all(fd, datagrams, addresses, count);
+done:
+    PyMem_Free(addresses);
     Py_DECREF(sequence);
     return result;
 }
@@ -210,13 +271,14 @@ done:
 
 static PyMethodDef methods[] = {
     {"send_batch", py_send_batch, METH_VARARGS, "send_batch(fd, datagrams, host, port) -> (sent, failed)"},
+    {"send_each", py_send_each, METH_VARARGS, "send_each(fd, datagrams, destinations) -> (sent, failed)"},
     {"recv_batch", py_recv_batch, METH_VARARGS,
      "recv_batch(fd, buffer, slot, capacity) -> [(length, (host, port)), ...]"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_udp", "Batched UDP I/O (sendmmsg, recvmmsg) for the worker's channel.", -1,
+    PyModuleDef_HEAD_INIT, "_udp", "Batched UDP I/O (sendmmsg, recvmmsg) for the worker's channel and softswitch.", -1,
     methods,
 };
 

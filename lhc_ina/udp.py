@@ -1,8 +1,9 @@
 """Many datagrams per system call (sendmmsg, recvmmsg in ``_udp.c``), or one per call where it is not built.
 
-Both implementations have the same contract, so the channel above them behaves the same either way: a
-batch leaves in order, a datagram the kernel refuses for a full buffer or an unreachable port is counted
-as failed and skipped, and received datagrams land one per slot of a caller's buffer.
+The worker's channel (``host_agent/transport/channel.py``) and softswitch's UDP ports use it. Both
+implementations have the same contract, so what runs above them behaves the same either way: a batch
+leaves in order, a datagram the kernel refuses for a full buffer or an unreachable port is counted as
+failed and skipped, and received datagrams land one per slot of a caller's buffer.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class BatchIO(Protocol):
         """Send ``datagrams`` to ``address`` in order: (sent, failed)."""
         ...
 
+    def send_each(self, sock: socket.socket, datagrams: list, destinations: list[bytes]) -> tuple[int, int]:
+        """Send datagram i to ``destinations[i]`` (6 bytes: IPv4 address and port, network order), in
+        order: (sent, failed)."""
+        ...
+
     def receive(self, sock: socket.socket, buffer: bytearray, slot: int, capacity: int) -> Received:
         """Up to ``capacity`` waiting datagrams into ``buffer``'s slots: [(length, source)]."""
         ...
@@ -46,6 +52,9 @@ class NativeIO:
     def send(self, sock: socket.socket, datagrams: list, address: Address) -> tuple[int, int]:
         return _native.send_batch(sock.fileno(), datagrams, address[0], address[1])
 
+    def send_each(self, sock: socket.socket, datagrams: list, destinations: list[bytes]) -> tuple[int, int]:
+        return _native.send_each(sock.fileno(), datagrams, destinations)
+
     def receive(self, sock: socket.socket, buffer: bytearray, slot: int, capacity: int) -> Received:
         return _native.recv_batch(sock.fileno(), buffer, slot, capacity)
 
@@ -58,6 +67,20 @@ class PythonIO:
     def send(self, sock: socket.socket, datagrams: list, address: Address) -> tuple[int, int]:
         failed = 0
         for datagram in datagrams:
+            try:
+                sock.sendto(datagram, address)
+            except (BlockingIOError, ConnectionRefusedError):
+                failed += 1
+        return len(datagrams) - failed, failed
+
+    def send_each(self, sock: socket.socket, datagrams: list, destinations: list[bytes]) -> tuple[int, int]:
+        if len(datagrams) != len(destinations):
+            raise ValueError(f"{len(datagrams)} datagrams but {len(destinations)} destinations")
+        failed = 0
+        for datagram, destination in zip(datagrams, destinations, strict=True):
+            if len(destination) != 6:
+                raise ValueError(f"a destination has {len(destination)} bytes, not 6 (IPv4 address, port)")
+            address = (socket.inet_ntoa(destination[:4]), int.from_bytes(destination[4:], "big"))
             try:
                 sock.sendto(datagram, address)
             except (BlockingIOError, ConnectionRefusedError):
@@ -87,7 +110,7 @@ def batch_io(native: bool | None = None) -> BatchIO:
         native = _native is not None
     if native and _native is None:
         raise RuntimeError(
-            "the batched UDP extension (host_agent/transport/_udp.c) is not built: reinstall "
+            "the batched UDP extension (lhc_ina/_udp.c) is not built: reinstall "
             "(pip install -e .) where a C compiler and the Python headers are present"
         )
     return NativeIO() if native else PythonIO()
