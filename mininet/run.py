@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     procs = Processes()
     cluster = None
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear down on SIGTERM too
+    # Ctrl-C tears down even when started from a shell that ignores SIGINT in background jobs (Python
+    # then installs no KeyboardInterrupt handler of its own, and the run would outlive its interrupt).
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with tempfile.TemporaryDirectory(prefix="lhc-emu-") as tmp:
             scratch = Path(tmp)
@@ -246,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.net.stop()
         topo.remove_controller_veth()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     return 0
 
 

@@ -42,10 +42,15 @@ def test_a_minimal_emulation_trains_exactly_under_loss(tmp_path: Path) -> None:
 def test_an_interrupted_run_leaves_nothing(tmp_path: Path) -> None:
     proc = subprocess.Popen([*RUNNER, "--workers", "2", "--steps", "200", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(25)  # the cluster, switch, controller and workers are up by then
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=120)
+    try:
+        time.sleep(25)  # the cluster, switch, controller and workers are up by then
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # the interrupt did not end it: end it, so no run outlives the test
+            proc.terminate()
+            proc.communicate(timeout=120)
     assert leftovers() == []
 
 

@@ -52,6 +52,11 @@ from .state import BucketShape, CodecState
 Results = dict[str, torch.Tensor]  # a completed round's reduced words, by message kind
 
 
+def _packets(words: int) -> int:
+    """Packets a message of ``words`` words takes (an empty message takes none)."""
+    return -(-words // LANES)
+
+
 @dataclass
 class Round:
     """The messages of one round, (op, kind, words) each, and the state that reads their results."""
@@ -229,7 +234,11 @@ class Rounds:
         if sketch:
             cells = opts.cells or sketch_cells(candidates, opts.margin, block, LANES)
         payload = cells * block if sketch else candidates * block
-        if spec.words + payload >= self.x.numel():
+        header_words = 0 if header is None else HEADER_WORDS
+        # Compared in whole packets, as they go on the wire: for a tiny bucket the index and the values
+        # alone may fill two packets where the whole bucket fills one.
+        sparse_packets = _packets(header_words + spec.words) + _packets(payload)
+        if sparse_packets >= _packets(header_words) + _packets(self.x.numel()):
             return self._dense_round(prefix, header)
         self.index = spec
         with self.clock("encode"):
