@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,7 +58,6 @@ class _Call:
     chosen: str = ""
     reason: str = ""
     prepared_ahead: bool = False
-    started: float = field(default_factory=time.perf_counter)
 
 
 class Agent:
@@ -80,6 +79,7 @@ class Agent:
         self._failure: AggregationError | None = None
         self._lock = threading.Lock()
         self._queue: deque[_Call] = deque()  # calls made and not yet started, in call order
+        self._pending = 0  # calls made and not yet finished
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lhc-agent-{self.rank}")
 
     @classmethod
@@ -102,14 +102,22 @@ class Agent:
         self._executor.shutdown(wait=True)
         self.backend.close()
 
+    def _require_idle(self, what: str) -> None:
+        """A checkpoint is only consistent between calls: a pending call may already hold its state."""
+        with self._lock:
+            if self._pending:
+                raise RuntimeError(f"{what} with {self._pending} call(s) pending: wait for their futures")
+
     def state_dict(self) -> dict[str, Any]:
         """What decides the results of later calls: the codec state per key, the call count (link
         agreements fall on fixed calls) and the agreed link estimate. Identical on every worker."""
+        self._require_idle("state_dict()")
         link = None if self._link is None else (self._link.rtt_s, self._link.bytes_per_s)
         states = {key: s.as_dict() for key, s in self.states.items()}
         return {"codec_states": states, "calls": self._calls, "link": link}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._require_idle("load_state_dict()")
         self.states = {key: CodecState.from_dict(fields) for key, fields in state["codec_states"].items()}
         self._calls = state["calls"]
         self._link = None if state["link"] is None else LinkEstimate(*state["link"])
@@ -128,22 +136,27 @@ class Agent:
         if mode not in AGENT_MODES:
             raise ValueError(f"mode must be one of {AGENT_MODES}, not {mode!r}")
         key = (tensor.numel(), tensor.dtype) if key is None else key
-        with self._lock:
+        with self._lock:  # queue and submit together: the n-th submission runs the n-th queued call
             call = _Call(self._calls, tensor, mode, key, block or self.block)
             self._calls += 1
             self._queue.append(call)
-        return self._executor.submit(self._run_next)
+            self._pending += 1
+            return self._executor.submit(self._run_next)
 
     # --- the agent's thread -----------------------------------------------------------------------
     def _run_next(self) -> AllreduceResult:
         with self._lock:
             call = self._queue.popleft()  # the executor runs submissions in order: this is ours
-        if self._failure is not None:
-            raise self._failure
-        if call.session is None:
-            self._prepare(call)
-        assert call.session is not None
-        return self._drive(call, call.session)
+        try:
+            if self._failure is not None:
+                raise self._failure
+            if call.session is None:
+                self._prepare(call)
+            assert call.session is not None
+            return self._drive(call, call.session)
+        finally:
+            with self._lock:
+                self._pending -= 1
 
     def _prepare(self, call: _Call) -> None:
         """Pick the mode, make the session and encode its first round."""
@@ -183,7 +196,9 @@ class Agent:
         while batch := _next_round(session):
             started = time.perf_counter()
             futures = self._send(session, batch, first=rounds == 0)
+            ahead_started = time.perf_counter()
             self._prepare_ahead(call)
+            started += time.perf_counter() - ahead_started  # the next call's encoding is its own
             for message, future in zip(batch, futures, strict=True):
                 if future is not None:
                     self._receive(session, message, future)

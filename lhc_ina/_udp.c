@@ -8,9 +8,10 @@
  * threads (the codec, the P4Runtime server) keep running.
  *
  * send_batch(fd, datagrams, host, port) -> (sent, failed)
- *     Sends every datagram (any buffer) to host:port, in order. A datagram the kernel refuses because
- *     the socket buffer is full or the destination answered "port unreachable" is counted in `failed`
- *     and skipped, as one sendto would have lost it; any other error raises OSError.
+ *     Sends every datagram (any buffer) to host:port, in order. A datagram the kernel refuses (a full
+ *     socket buffer, "port unreachable", an address it may not send to) is counted in `failed` and
+ *     skipped, as one sendto would have lost it; only an unusable socket (EBADF, ENOTSOCK, EFAULT)
+ *     raises OSError.
  * send_each(fd, datagrams, destinations) -> (sent, failed)
  *     The same, datagram i to destinations[i]: 6 bytes, the IPv4 address then the UDP port, both in
  *     network order (as they lie in the packet's headers, so the caller need not convert them).
@@ -90,12 +91,16 @@ static PyObject *send_all(int fd, PyObject *datagrams, const struct sockaddr_in 
         if (accepted > 0) {
             next += accepted;
             sent += accepted;
-        } else if (accepted == 0 || errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNREFUSED) {
-            next++; /* lost to a full buffer or an unreachable port, as one sendto would have been */
-            failed++;
-        } else if (errno != EINTR) {
-            error = errno;
+        } else if (accepted < 0 && errno == EINTR) {
+            continue;
+        } else if (accepted < 0 && (errno == EBADF || errno == ENOTSOCK || errno == EFAULT)) {
+            error = errno; /* the socket itself is unusable: nothing after this would leave either */
             break;
+        } else {
+            /* this datagram is lost (a full buffer, an unreachable port or host, a forbidden address),
+               as one sendto would have lost it; the rest of the batch still leaves */
+            next++;
+            failed++;
         }
     }
     Py_END_ALLOW_THREADS

@@ -2,12 +2,13 @@
 
 The worker's channel (``host_agent/transport/channel.py``) and softswitch's UDP ports use it. Both
 implementations have the same contract, so what runs above them behaves the same either way: a batch
-leaves in order, a datagram the kernel refuses for a full buffer or an unreachable port is counted as
-failed and skipped, and received datagrams land one per slot of a caller's buffer.
+leaves in order, a datagram the kernel refuses (full buffer, unreachable port, forbidden address) is
+counted as failed and skipped, and received datagrams land one per slot of a caller's buffer.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
 from types import ModuleType
 from typing import Protocol
@@ -20,6 +21,8 @@ except ImportError:  # built without a C compiler
 
 #: A UDP payload is at most 65,507 bytes on IPv4: a slot this long never cuts a datagram.
 MAX_DATAGRAM = 65536
+#: errors that mean the socket itself is unusable; any other send error loses only its datagram
+_SOCKET_UNUSABLE = (errno.EBADF, errno.ENOTSOCK, errno.EFAULT)
 #: recvmmsg takes at most this many messages per call (the kernel's UIO_MAXIOV).
 MAX_BATCH = 1024
 
@@ -69,8 +72,10 @@ class PythonIO:
         for datagram in datagrams:
             try:
                 sock.sendto(datagram, address)
-            except (BlockingIOError, ConnectionRefusedError):
-                failed += 1
+            except OSError as error:
+                if error.errno in _SOCKET_UNUSABLE:
+                    raise
+                failed += 1  # this datagram is lost, as in the native layer; the rest still leave
         return len(datagrams) - failed, failed
 
     def send_each(self, sock: socket.socket, datagrams: list, destinations: list[bytes]) -> tuple[int, int]:
@@ -83,8 +88,10 @@ class PythonIO:
             address = (socket.inet_ntoa(destination[:4]), int.from_bytes(destination[4:], "big"))
             try:
                 sock.sendto(datagram, address)
-            except (BlockingIOError, ConnectionRefusedError):
-                failed += 1
+            except OSError as error:
+                if error.errno in _SOCKET_UNUSABLE:
+                    raise
+                failed += 1  # this datagram is lost, as in the native layer; the rest still leave
         return len(datagrams) - failed, failed
 
     def receive(self, sock: socket.socket, buffer: bytearray, slot: int, capacity: int) -> Received:

@@ -238,9 +238,9 @@ class UdpPort:
         self._queued, self._destinations = [], []
         try:
             _, failed = self._io.send_each(self.sock, queued, destinations)
-        except OSError as exc:
+        except OSError as exc:  # only an unusable socket raises: nothing queued could leave
             failed = len(queued)
-            log.debug("port %d: sending %d datagrams failed: %s", self.number, failed, exc)
+            log.warning("port %d: sending %d datagrams failed: %s", self.number, failed, exc)
         self.send_errors += failed
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 
+import pytest
 import torch
 
 from host_agent.agent import Agent
@@ -95,3 +96,21 @@ def test_workers_that_disagree_fail_together_over_a_process_group(tmp_path) -> N
         assert proc.returncode == 0, err[-2000:]
         assert out.startswith("AggregationError (1,)"), out + err[-2000:]
         assert "disagree on the codec parameters" in out
+
+
+def test_a_checkpoint_is_refused_while_a_call_is_pending() -> None:
+    """A pending call may already hold its bucket's state (encoded ahead): a checkpoint then would not
+    match what the workers go on to do."""
+    first, second = (Agent(backend, mode="dense") for backend in LocalGroup(2).members())
+    try:
+        pending = first.allreduce_async(torch.ones(100))  # waits for the second member
+        with pytest.raises(RuntimeError, match="1 call\\(s\\) pending"):
+            first.state_dict()
+        with pytest.raises(RuntimeError, match="pending"):
+            first.load_state_dict({"codec_states": {}, "calls": 0, "link": None})
+        second.allreduce(torch.ones(100))
+        assert torch.equal(pending.result(timeout=60).total, torch.full((100,), 2.0))
+        assert first.state_dict()["calls"] == 1
+    finally:
+        first.close()
+        second.close()

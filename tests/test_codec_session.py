@@ -253,3 +253,16 @@ def test_support_of_the_wrong_kind_is_rejected_when_the_session_is_made():
         WorkerSession(torch.ones(8), 0, 1, support=torch.tensor([0.5]))
     with pytest.raises(ValueError, match="outside"):
         WorkerSession(torch.ones(8), 0, 1, support=torch.tensor([8]))
+
+
+@pytest.mark.parametrize("mode", ["sketch", "union", "dense"])
+def test_without_the_support_check_elements_outside_the_support_count_as_zero(mode):
+    """Worker 0 holds 1e30 outside its support where worker 1's support holds 2: the sum is 2 in every
+    mode (before, union read the 1e30 as a candidate's value at a scale that never saw it: -14)."""
+    x0, x1 = torch.zeros(100), torch.zeros(100)
+    x0[5], x0[7], x1[5] = 1e30, 1.0, 2.0
+    supports = [torch.tensor([7]), torch.tensor([5])]
+    result = aggregate_local([x0, x1], mode=mode, supports=supports, check_support=False)
+    expected = torch.zeros(100)
+    expected[5], expected[7] = 2.0, 1.0
+    assert torch.equal(result.total, expected), result.total[[5, 7]]

@@ -232,3 +232,20 @@ def test_send_each_sends_every_datagram_to_its_own_destination_in_order(native: 
         sender.close()
         for sink in sinks:
             sink.close()
+
+
+@pytest.mark.parametrize("native", LAYERS)
+def test_a_destination_the_kernel_refuses_loses_only_its_own_datagram(native: bool) -> None:
+    """A bad worker address (broadcast, without SO_BROADCAST) must not cost the copies for the others."""
+    io = batch_io(native)
+    sink = _sink()
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        good = socket.inet_aton("127.0.0.1") + sink.getsockname()[1].to_bytes(2, "big")
+        bad = socket.inet_aton("255.255.255.255") + sink.getsockname()[1].to_bytes(2, "big")
+        datagrams = _numbered(3)
+        assert io.send_each(sender, datagrams, [good, bad, good]) == (2, 1)
+        assert _drain(sink, 2) == [datagrams[0], datagrams[2]]
+    finally:
+        sender.close()
+        sink.close()

@@ -16,8 +16,9 @@ Error bound. Let M be the largest |x| of any worker, k = W.bit_length(), and L t
 many binades the scale used may be coarser than the finest one M allows. The agreed scale is the finest;
 a scale assumed from the previous round is used only if it is at most ``headroom + SCALE_SLACK`` binades
 coarser (``scale_holds``), else the round is redone at the agreed scale, so L <= headroom + SCALE_SLACK
-(L = 0 whenever the scale was agreed first: union mode, and every first round). Then for every element i,
-S_i the exact sum of the W workers' values and p the output dtype's significand bits (24, 11, 8)::
+(L = 0 in a bucket's first round; every mode, union included, keeps an assumed scale that holds).
+Then for every element i, S_i the exact sum of the W workers' values and p the output dtype's
+significand bits (24, 11, 8)::
 
     |total_i - S_i| <= W * 2^(L + k - 31) * max(M, 2^-126) + 2^(1-p) * |total_i| + 2 * tiny(dtype)
 

@@ -135,6 +135,10 @@ class WorkerSession:
             raise ValueError("out must have the input's shape, dtype and device")
         if support is not None:
             check_support_indices(support, x.numel())
+            if not check_support:
+                # "Outside the support counts as zero" must hold in every round and mode: later rounds
+                # read candidates' values, which may lie outside this worker's support.
+                x = torch.zeros_like(x).index_put_((support.to(x.device, torch.int64),), x[support])
         if state is not None and not isinstance(state, CodecState):
             raise TypeError(f"state must be a CodecState or None, not {type(state).__name__}")
         shape = BucketShape(x.numel(), str(x.dtype).removeprefix("torch."), block)
