@@ -68,31 +68,27 @@ class PythonIO:
     name = "python"
 
     def send(self, sock: socket.socket, datagrams: list, address: Address) -> tuple[int, int]:
-        failed = 0
-        for datagram in datagrams:
-            try:
-                sock.sendto(datagram, address)
-            except OSError as error:
-                if error.errno in _SOCKET_UNUSABLE:
-                    raise
-                failed += 1  # this datagram is lost, as in the native layer; the rest still leave
-        return len(datagrams) - failed, failed
+        return self._send_all(sock, [(datagram, address) for datagram in datagrams])
 
     def send_each(self, sock: socket.socket, datagrams: list, destinations: list[bytes]) -> tuple[int, int]:
         if len(datagrams) != len(destinations):
             raise ValueError(f"{len(datagrams)} datagrams but {len(destinations)} destinations")
+        if any(len(destination) != 6 for destination in destinations):
+            raise ValueError("a destination has not 6 bytes (IPv4 address, port)")
+        addresses = [(socket.inet_ntoa(d[:4]), int.from_bytes(d[4:], "big")) for d in destinations]
+        return self._send_all(sock, list(zip(datagrams, addresses, strict=True)))
+
+    @staticmethod
+    def _send_all(sock: socket.socket, pairs: list[tuple[bytes | memoryview, Address]]) -> tuple[int, int]:
         failed = 0
-        for datagram, destination in zip(datagrams, destinations, strict=True):
-            if len(destination) != 6:
-                raise ValueError(f"a destination has {len(destination)} bytes, not 6 (IPv4 address, port)")
-            address = (socket.inet_ntoa(destination[:4]), int.from_bytes(destination[4:], "big"))
+        for datagram, address in pairs:
             try:
                 sock.sendto(datagram, address)
             except OSError as error:
                 if error.errno in _SOCKET_UNUSABLE:
                     raise
                 failed += 1  # this datagram is lost, as in the native layer; the rest still leave
-        return len(datagrams) - failed, failed
+        return len(pairs) - failed, failed
 
     def receive(self, sock: socket.socket, buffer: bytearray, slot: int, capacity: int) -> Received:
         view = memoryview(buffer)
