@@ -68,21 +68,23 @@ def _channel(way: str) -> Channel:
     return Channel(LOOPBACK, native=way == "native-batch")
 
 
+def _sends(way: str, args: argparse.Namespace) -> list[list[bytes]]:
+    """One round's ``send_many`` calls: a datagram each for per-datagram, the whole batch otherwise."""
+    batch = [bytes(args.size)] * args.batch
+    return [[datagram] for datagram in batch] if way == "per-datagram" else [batch]
+
+
 def _send(way: str, args: argparse.Namespace) -> dict[str, Any]:
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink.bind(LOOPBACK)
     channel = _channel(way)
     channel.switch = sink.getsockname()
-    batch = [bytes(args.size)] * args.batch
-    single = [[d] for d in batch]
+    sends = _sends(way, args)
     calls, started = 0, time.perf_counter()
     try:
         while time.perf_counter() - started < args.seconds:
-            if way == "per-datagram":
-                for one in single:
-                    channel.send_many(one)
-            else:
-                channel.send_many(batch)
+            for datagrams in sends:
+                channel.send_many(datagrams)
             calls += 1
         elapsed = time.perf_counter() - started
     finally:
@@ -112,17 +114,13 @@ def _echo(way: str, args: argparse.Namespace, server: tuple[str, int]) -> dict[s
     channel = _channel(way)
     channel.switch = server
     received = ReceiveBatch(1 if way == "per-datagram" else args.batch, args.size)
-    batch = [bytes(args.size)] * args.batch
-    single = [[d] for d in batch]
+    sends = _sends(way, args)
     echoed = lost = 0
     started = time.perf_counter()
     try:
         while time.perf_counter() - started < args.seconds:
-            if way == "per-datagram":
-                for one in single:
-                    channel.send_many(one)
-            else:
-                channel.send_many(batch)
+            for datagrams in sends:
+                channel.send_many(datagrams)
             waiting, deadline = args.batch, time.perf_counter() + ROUND_TIMEOUT_S
             while waiting and select.select([channel], [], [], max(0.0, deadline - time.perf_counter()))[0]:
                 while waiting and channel.receive_many(received):
