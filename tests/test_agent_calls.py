@@ -7,11 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
 import torch
+from test_agent_local import run_group
 
 from host_agent.agent import Agent
 from host_agent.codec import aggregate_local
@@ -28,22 +28,18 @@ def sparse(seed: int, n: int = 30_000) -> torch.Tensor:
 def run_members(world: int, calls: list[tuple[str, int]], late_rank: int) -> list[list]:
     """Every member makes ``calls`` (key, seed) with allreduce_async back to back; ``late_rank`` starts
     late, so the others' first call is still waiting for it when the later calls are queued."""
-    agents = [Agent(backend, mode="sketch") for backend in LocalGroup(world).members()]
-    results: list[list] = [[] for _ in range(world)]
 
-    def member(agent: Agent) -> None:
+    def work(agent: Agent) -> list:
         if agent.rank == late_rank:
             time.sleep(0.3)
-        futures = [agent.allreduce_async(sparse(seed + 100 * agent.rank), key=key) for key, seed in calls]
-        results[agent.rank] = [future.result(timeout=120) for future in futures]
+        futures = [agent.allreduce_async(sparse(seed + 100 * agent.rank), key=key, mode="sketch")
+                   for key, seed in calls]
+        return [future.result(timeout=120) for future in futures]
 
-    threads = [threading.Thread(target=member, args=(agent,)) for agent in agents]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=180)
-    for agent in agents:
-        agent.close()
+    results = run_group(world, work)
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
     return results
 
 
