@@ -138,7 +138,8 @@ class WorkerSession:
             if not check_support:
                 # "Outside the support counts as zero" must hold in every round and mode: later rounds
                 # read candidates' values, which may lie outside this worker's support.
-                x = torch.zeros_like(x).index_put_((support.to(x.device, torch.int64),), x[support])
+                at = support.to(x.device, torch.int64)
+                x = torch.zeros_like(x).index_put_((at,), x[at])
         if state is not None and not isinstance(state, CodecState):
             raise TypeError(f"state must be a CodecState or None, not {type(state).__name__}")
         shape = BucketShape(x.numel(), str(x.dtype).removeprefix("torch."), block)
