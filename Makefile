@@ -122,4 +122,4 @@ controller-stubs:
 	test -x build/stubs-venv/bin/python || $(PYTHON) -m venv build/stubs-venv
 	build/stubs-venv/bin/pip install -q grpcio-tools==1.49.1
 	build/stubs-venv/bin/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
-		controller/jobservice.proto
+		lhc_ina/jobservice/jobservice.proto

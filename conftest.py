@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.processes import Bmv2Process, SoftswitchProcess, start_switch
+from controller.processes import SoftswitchProcess
+from tests.harness.bmv2 import Bmv2Process, start_switch
 
 
 def _has_cuda() -> bool:

@@ -134,8 +134,8 @@ def _plot(results: list[dict], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.client import JobClient
     from controller.processes import ControllerProcess, SoftswitchProcess
+    from lhc_ina.jobservice.client import JobClient
 
     results: list[dict] = []
     with contextlib.ExitStack() as stack:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import replace
 
-from controller import errors
 from controller.records import JobRecord, MemberRecord
 from controller.targets import Target
 from controller.topology import Topology
 from lhc_ina import constants as c
 from lhc_ina.jobs import InvalidJob, validate
+from lhc_ina.jobservice import errors
 
 #: Default slots per job: the host transport keeps this many packets in flight per worker, which keeps a
 #: softswitch or BMv2 pipe busy at loopback round-trip times (64 x 256 B = 16 KiB in flight per worker);

@@ -19,10 +19,10 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
-from controller import jobservice_pb2 as pb
-from controller.client import DEFAULT_CONTROLLER, JobClient
-from controller.errors import ControllerError
 from controller.server import add_serve_arguments, serve
+from lhc_ina.jobservice import jobservice_pb2 as pb
+from lhc_ina.jobservice.client import DEFAULT_CONTROLLER, JobClient
+from lhc_ina.jobservice.errors import ControllerError
 
 _EXIT = {
     grpc.StatusCode.INVALID_ARGUMENT: 2,

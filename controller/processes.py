@@ -1,5 +1,5 @@
-"""The project's processes as children: an ``lhc-softswitch`` (UDP, or BMv2 ``simple_switch_grpc``) and
-an ``lhc-controller serve``, for the demo, the benchmarks and the tests.
+"""The project's processes as children: an ``lhc-softswitch`` (UDP) and an ``lhc-controller serve``, for
+the demo, the benchmarks and the tests (which add BMv2, ``tests/harness/bmv2.py``).
 
 Both run as ``sys.executable -m ...`` so the checkout's code runs, wait for their ready line, and bind
 free ports (gRPC port 0; softswitch's lhc port on a random 127.x.y.z, inside the lhc port range).
@@ -20,11 +20,9 @@ import threading
 import time
 from pathlib import Path
 
-import grpc
-
-from controller.client import JobClient
 from controller.server import READY as CONTROLLER_READY
 from lhc_ina import constants as c
+from lhc_ina.jobservice.client import JobClient
 from softswitch.cli import READY as SWITCH_READY
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -34,7 +32,7 @@ def _fields(line: str, ready: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in line[len(ready) :].split())
 
 
-class _Process:
+class ChildProcess:
     """A child process whose ready line is awaited and whose stderr is collected in the background."""
 
     def _spawn(self, argv: list[str], ready: str, timeout: float = 60.0) -> dict[str, str]:
@@ -78,7 +76,7 @@ def _random_loopback() -> str:
     return f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
 
 
-class SoftswitchProcess(_Process):
+class SoftswitchProcess(ChildProcess):
     """``lhc-softswitch --udp 1@HOST:19520`` on a random loopback HOST; ``restart`` keeps its addresses."""
 
     target = "softswitch"
@@ -118,59 +116,18 @@ class SoftswitchProcess(_Process):
         self.terminate()
 
 
-class Bmv2Process(_Process):
-    """``simple_switch_grpc --no-p4`` (no interfaces: the controller's tests need its tables, not its
-    ports); the same face as ``SoftswitchProcess`` except that it moves no UDP packets."""
-
-    target = "bmv2"
-    moves_udp = False
-
-    def __init__(self, grpc_port: int = 0) -> None:
-        from ptf_tests.targets import ensure_bmv2_json
-
-        self.device_config = ensure_bmv2_json()
-        self.host, self.udp_port, self.switch_port = "10.0.0.254", c.UDP_PORT_BASE, 1
-        self._start(grpc_port or _free_tcp_port())
-
-    def _start(self, grpc_port: int) -> None:
-        self.grpc_addr = f"127.0.0.1:{grpc_port}"
-        self.proc = subprocess.Popen(
-            ["simple_switch_grpc", "--device-id", "1", "--thrift-port", str(_free_tcp_port()),
-             "--no-p4", "--", "--grpc-server-addr", self.grpc_addr],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        self.stderr: list[str] = []
-        self._drain = threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True)
-        self._drain.start()
-        channel = grpc.insecure_channel(self.grpc_addr)
-        try:
-            grpc.channel_ready_future(channel).result(timeout=60)
-        finally:
-            channel.close()
-
-    dataplane = SoftswitchProcess.dataplane
-    restart = SoftswitchProcess.restart
-    __enter__ = SoftswitchProcess.__enter__
-    __exit__ = SoftswitchProcess.__exit__
-
-
-def _free_tcp_port() -> int:
+def free_tcp_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def start_switch(kind: str) -> SoftswitchProcess | Bmv2Process:
-    """The switch of a parametrized test: ``softswitch`` or ``bmv2``."""
-    return Bmv2Process() if kind == "bmv2" else SoftswitchProcess()
-
-
-class ControllerProcess(_Process):
+class ControllerProcess(ChildProcess):
     """``lhc-controller serve`` against ``switch`` with its state in ``state_dir``; ``client`` talks to it."""
 
     def __init__(
         self,
-        switch: SoftswitchProcess | Bmv2Process,
+        switch: SoftswitchProcess,
         state_dir: Path,
         *extra: str,
         election_id: int = 1,

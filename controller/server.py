@@ -22,9 +22,6 @@ from pathlib import Path
 
 import grpc
 
-from controller import errors
-from controller import jobservice_pb2_grpc as pb_grpc
-from controller.errors import ControllerError
 from controller.integrity import store_problems
 from controller.liveness import Liveness
 from controller.metrics import serve_metrics
@@ -34,6 +31,9 @@ from controller.store import DB_NAME, JobStore, default_state_dir
 from controller.targets import TARGETS, load_target
 from controller.topology import Topology, load_topology
 from lhc_ina import constants as c
+from lhc_ina.jobservice import errors
+from lhc_ina.jobservice import jobservice_pb2_grpc as pb_grpc
+from lhc_ina.jobservice.errors import ControllerError
 
 log = logging.getLogger("lhc-controller")
 READY = "lhc-controller ready:"

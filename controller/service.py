@@ -14,10 +14,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from controller import admission, errors
-from controller import jobservice_pb2 as pb
-from controller import jobservice_pb2_grpc as pb_grpc
-from controller.errors import ControllerError
+from controller import admission
 from controller.liveness import Liveness
 from controller.records import JobRecord, JobState
 from controller.session import SwitchSession
@@ -25,6 +22,10 @@ from controller.store import JobStore
 from controller.targets import Target
 from controller.topology import Topology
 from lhc_ina import constants as c
+from lhc_ina.jobservice import errors
+from lhc_ina.jobservice import jobservice_pb2 as pb
+from lhc_ina.jobservice import jobservice_pb2_grpc as pb_grpc
+from lhc_ina.jobservice.errors import ControllerError
 
 log = logging.getLogger("lhc-controller.jobs")
 

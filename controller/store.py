@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from controller import errors
 from controller.epochs import EPOCH_LIMIT, EpochsExhausted, next_epoch
 from controller.records import JobRecord, JobState, MemberRecord
 from controller.slots import SlotPool, SlotPoolError, SlotRange
 from lhc_ina import constants as c
+from lhc_ina.jobservice import errors
 
 SCHEMA_VERSION = 1
 DB_NAME = "controller.sqlite3"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from p4.config.v1 import p4info_pb2
 
-from controller import errors
+from lhc_ina.jobservice import errors
 from lhc_ina.p4info import REPO_ROOT, V1MODEL_P4INFO, P4InfoIndex
 from lhc_ina.tofino import TofinoBundleError, TofinoDeviceConfig
 

@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller import errors
 from lhc_ina import constants as c
 from lhc_ina.jobs import DROP_PORT, TableEntrySpec, ip_to_int, mac_to_int
+from lhc_ina.jobservice import errors
 
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 

@@ -10,6 +10,11 @@ Calls run one at a time, in call order, on the agent's own thread: every worker 
 in the same order (as DDP's buckets are), and every message they produce then meets its peers' on the
 wire. The codec state of each ``key`` (the bucket's size estimate and scale) is kept between calls.
 
+Every round ends with a seal (``host_agent.seal``): a worker out of step with its peers makes the round
+fail on every worker instead of adding its words to another call's. Any error that leaves this worker
+out of step (anything but an error every worker raises alike from aggregated words) fails the agent: every
+later call raises it, and the backend is told, so that the peers see this worker as gone and name it.
+
 Encoding overlaps the network: while a call waits for a round's results, the agent's thread encodes the
 first round of the next queued call (when that call's mode and state cannot change before it starts: it
 has another key, and it is not a call on which the workers agree their link estimate). Messages still
@@ -23,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,9 +38,12 @@ from host_agent.auto import LINK_AGREE_EVERY, agreed_link, choose_mode, link_wor
 from host_agent.backend import Backend, LinkEstimate
 from host_agent.codec import MODES, CodecState, Message, WorkerSession
 from host_agent.errors import AggregationError
+from host_agent.seal import check_seal, round_tag, seal_words
 from lhc_ina.constants import FRAME_BYTES, LANES, Op
 
 AGENT_MODES = (*MODES, "auto")
+#: How long a call waits for any one result before it gives up (a peer that never makes the call).
+DEFAULT_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -63,10 +72,14 @@ class _Call:
 class Agent:
     """One worker's aggregation endpoint over any :class:`~host_agent.backend.Backend`."""
 
-    def __init__(self, backend: Backend, *, mode: str = "auto", block: int = 1, **codec_options: Any) -> None:
+    def __init__(self, backend: Backend, *, mode: str = "auto", block: int = 1,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, **codec_options: Any) -> None:
         if mode not in AGENT_MODES:
             raise ValueError(f"mode must be one of {AGENT_MODES}, not {mode!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
         self.backend = backend
+        self.timeout_s = timeout_s
         self.rank = backend.rank
         self.world_size = backend.world_size
         self.mode = mode
@@ -86,11 +99,14 @@ class Agent:
     def join(cls, controller: str, job: str, *, mode: str = "auto", block: int = 1,
              codec_options: dict[str, Any] | None = None, **switch_options: Any) -> Agent:
         """Join ``job`` on the controller and aggregate through the switch. ``switch_options`` go to
-        :meth:`host_agent.transport.switch.SwitchBackend.join` (address, token, timeouts, impairment)."""
+        :meth:`host_agent.transport.switch.SwitchBackend.join` (address, token, timeouts, impairment);
+        the agent waits for a result at most twice the transport's ``timeout_s``, so the transport's
+        error, which names the silent workers, comes first."""
         from host_agent.transport.switch import SwitchBackend
 
         backend = SwitchBackend.join(controller, job, **switch_options)
-        return cls(backend, mode=mode, block=block, **(codec_options or {}))
+        timeout_s = 2 * switch_options.get("timeout_s", backend.stream.timeout_s)
+        return cls(backend, mode=mode, block=block, timeout_s=timeout_s, **(codec_options or {}))
 
     def __enter__(self) -> Agent:
         return self
@@ -154,9 +170,25 @@ class Agent:
                 self._prepare(call)
             assert call.session is not None
             return self._drive(call, call.session)
+        except AggregationError as error:
+            if not error.collective:
+                self._fail(error)
+            raise
+        except Exception as exc:  # local (a bug, out of memory): the peers cannot know, so leave the job
+            error = AggregationError(f"worker {self.rank} failed in call {call.number}: {exc!r}",
+                                     (self.rank,))
+            self._fail(error)
+            raise error from exc
         finally:
             with self._lock:
                 self._pending -= 1
+
+    def _fail(self, error: AggregationError) -> None:
+        """This worker is out of step: every later call raises ``error``, and the backend stops taking
+        part (on the switch it leaves the job, so the peers' errors name it instead of waiting blind)."""
+        if self._failure is None:
+            self._failure = error
+            self.backend.abandon(error)
 
     def _prepare(self, call: _Call) -> None:
         """Pick the mode, make the session and encode its first round."""
@@ -196,17 +228,21 @@ class Agent:
         while batch := _next_round(session):
             started = time.perf_counter()
             futures = self._send(session, batch, first=rounds == 0)
+            tag = round_tag(call.number, rounds, batch)
+            seal = self.backend.reduce(Op.ADD, seal_words(tag))
             ahead_started = time.perf_counter()
             self._prepare_ahead(call)
             started += time.perf_counter() - ahead_started  # the next call's encoding is its own
             for message, future in zip(batch, futures, strict=True):
                 if future is not None:
                     self._receive(session, message, future)
+            check_seal(self._wait(seal, f"the seal of round {rounds}"), tag, self.world_size, call.number,
+                       rounds)
             network_s += time.perf_counter() - started
-            words += sum(message.words.numel() for message in batch)
-            packets += sum(-(-message.words.numel() // LANES) for message in batch)
+            words += sum(message.words.numel() for message in batch) + 1
+            packets += sum(-(-message.words.numel() // LANES) for message in batch) + 1
             rounds += 1
-            messages += len(batch)
+            messages += len(batch) + 1
         total, codec_stats, self.states[call.key] = session.result()
         counters = {name: value - counters_before.get(name, 0)
                     for name, value in self.backend.counters().items()}
@@ -241,19 +277,23 @@ class Agent:
         return [self.backend.reduce(message.op, message.words) for message in batch]
 
     def _receive(self, session: WorkerSession, message: Message, future: Future) -> None:
-        """Store one result. Workers that disagree have sent messages that no longer line up on the wire,
-        so after the agreement message's error this agent is unusable and every later call raises it."""
+        """Store one result (an agreement error means the workers' messages no longer line up)."""
+        session.receive(self._wait(future, f"the {message.kind} message of round {message.round}"))
+
+    def _wait(self, future: Future, what: str) -> torch.Tensor:
+        """A result, or an error once ``timeout_s`` passed without one (a peer that never calls)."""
         try:
-            session.receive(future.result())
-        except AggregationError as error:
-            if message.kind == "agree":
-                self._failure = error
-            raise
+            return future.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            raise AggregationError(
+                f"no result for {what} after {self.timeout_s:g} s: a worker did not make this call or is "
+                "stalled"
+            ) from None
 
     def _agree_link(self) -> None:
         """Average the workers' link measurements over the network, so that all choose alike."""
         words = link_words(self.rank, self.backend.link_estimate())
-        summed = self.backend.reduce(Op.ADD, words).result()
+        summed = self._wait(self.backend.reduce(Op.ADD, words), "the link agreement")
         self._link = agreed_link(summed, self.world_size) or self._link
 
 

@@ -47,5 +47,9 @@ class Backend(ABC):
         """Cumulative transport counters (packets sent, retransmissions, ...); empty when it has none."""
         return {}
 
+    def abandon(self, error: Exception) -> None:  # noqa: B027 - nothing to tell where there are no peers
+        """This worker is out of step with its peers (``error``) and takes no further part: fail what is
+        pending and let the peers know where the backend can (the switch backend leaves the job)."""
+
     def close(self) -> None:  # noqa: B027 - a backend with nothing to release need not override it
         """Release sockets, threads and memberships."""

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from controller.client import DEFAULT_CONTROLLER
 from host_agent.agent import AGENT_MODES, Agent
 from host_agent.errors import AggregationError
+from lhc_ina.jobservice.client import DEFAULT_CONTROLLER
 
 
 def build_parser() -> argparse.ArgumentParser:

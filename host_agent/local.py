@@ -66,4 +66,4 @@ class LocalBackend(Backend):
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
         index, self._sent = self._sent, self._sent + 1
-        return self.group.submit(self.rank, index, op, words.detach().cpu())
+        return self.group.submit(self.rank, index, op, words.detach().cpu().clone())

@@ -37,6 +37,12 @@ class LhcHookState:
     def __init__(self, agent: Agent, *, topk_ratio: float | None = None, log_every: int = 0) -> None:
         if topk_ratio is not None and not 0 < topk_ratio <= 1:
             raise ValueError(f"topk_ratio must be in (0, 1], not {topk_ratio}")
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() != agent.world_size:
+            raise ValueError(
+                f"the lhc job has {agent.world_size} workers but the process group {dist.get_world_size()}: "
+                "DDP divides the sum by its world size, so every rank of this run must be a worker of one "
+                "job of that size (another run joined under the same job name?)"
+            )
         self.agent = agent
         self.world_size = agent.world_size
         self.topk_ratio = topk_ratio
@@ -50,6 +56,8 @@ class LhcHookState:
     def join(cls, controller: str, job: str, *, mode: str = "auto", topk_ratio: float | None = None,
              log_every: int = 0, **switch_options: Any) -> "LhcHookState":
         """Aggregate through the switch: join ``job`` on the controller at ``controller``."""
+        if dist.is_available() and dist.is_initialized():
+            switch_options.setdefault("world_size", dist.get_world_size())
         return cls(Agent.join(controller, job, mode=mode, **switch_options), topk_ratio=topk_ratio,
                    log_every=log_every)
 
@@ -116,6 +124,12 @@ def _sparsify(state: LhcHookState, key: Hashable, gradient: torch.Tensor) -> tor
 def lhc_hook(state: LhcHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the bucket's exact sum over all workers, divided by the world size."""
     buffer = bucket.buffer()
+    if buffer.dtype == torch.float64:
+        raise TypeError(
+            "lhc_hook: a float64 gradient bucket: lhc sums integers quantized at one scale (31 bits), which "
+            "cannot carry float64's precision, and it will not narrow your gradients silently; train in "
+            "float32 (or bf16/fp16), or leave this model on DDP's own allreduce"
+        )
     key = (bucket.index(), buffer.numel(), buffer.dtype)  # DDP may rebuild buckets after step 1
     # Half-precision buckets are summed in float32: a sum of W halves may overflow where their mean does not.
     gradient = buffer if buffer.dtype == torch.float32 else buffer.float()

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from controller import jobservice_pb2 as pb
 from controller.processes import ControllerProcess, SoftswitchProcess
-from controller.testing import store_state, switch_state
 from lhc_ina.jobs import ip_to_int, mac_to_int
+from lhc_ina.jobservice import jobservice_pb2 as pb
+from tests.harness.controller import store_state, switch_state
 
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGY = {
@@ -123,7 +123,7 @@ def test_topology_forwarding_and_join_by_host(setup):
     group = next(iter(switch_state(sw).groups))
     assert group.replicas == ((1, 0), (2, 1))
     assert switch_state(sw) == store_state(state, state / "topology.json")
-    from controller.errors import ControllerError
+    from lhc_ina.jobservice.errors import ControllerError
 
     with pytest.raises(ControllerError, match="unknown topology host 'h9'"):
         ctl.client.join("topo", host="h9", udp_port=1)
@@ -145,7 +145,7 @@ def test_metrics(setup):
 def test_expected_hosts_fix_ranks_and_a_missing_one_is_named(setup):
     sw, ctl, state = setup
     client = ctl.client
-    from controller.errors import ControllerError
+    from lhc_ina.jobservice.errors import ControllerError
 
     with pytest.raises(ControllerError, match="unknown topology host 'h7'"):
         client.create_job("named", workers=2, hosts=["h1", "h7"])

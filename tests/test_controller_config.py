@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.errors import ControllerError
 from controller.server import parse_dataplane
 from controller.topology import parse_topology
+from lhc_ina.jobservice.errors import ControllerError
 
 SWITCH = {"ip": "10.0.0.254", "mac": "02:00:00:00:00:fe"}
 

@@ -10,11 +10,11 @@ import time
 import grpc
 import pytest
 
-from controller.errors import ControllerError
 from controller.integrity import store_problems
 from controller.processes import ControllerProcess
 from controller.store import DB_NAME, JobStore
-from controller.testing import Worker, store_state, switch_state
+from lhc_ina.jobservice.errors import ControllerError
+from tests.harness.controller import Worker, store_state, switch_state
 
 
 def _wait(predicate, what: str, timeout: float = 60.0) -> None:

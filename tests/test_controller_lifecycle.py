@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from controller import jobservice_pb2 as pb
 from controller.processes import ControllerProcess
-from controller.testing import Worker, aggregate_once, store_state, switch_state
 from lhc_ina import jobs as lj
+from lhc_ina.jobservice import jobservice_pb2 as pb
+from tests.harness.controller import Worker, aggregate_once, store_state, switch_state
 
 RNG = np.random.default_rng(5)
 

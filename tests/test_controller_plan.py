@@ -9,8 +9,8 @@ from p4.v1 import p4runtime_pb2 as p4v1
 from controller.reconcile import SwitchState, desired_state, pipeline_differences, plan
 from controller.records import JobState
 from controller.targets import load_target
-from controller.testing import two_worker_job
 from lhc_ina.p4rt import decode_table_entry
+from tests.harness.controller import two_worker_job
 
 TARGET = load_target("softswitch")
 JOBS = "LhcIngress.jobs"

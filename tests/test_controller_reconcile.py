@@ -14,9 +14,9 @@ from p4.v1 import p4runtime_pb2 as p4v1
 
 from controller.processes import ControllerProcess, SoftswitchProcess
 from controller.targets import load_target
-from controller.testing import Worker, aggregate_once, store_state, switch_state
 from lhc_ina import constants as c
 from lhc_ina.p4rt import P4RuntimeClient
+from tests.harness.controller import Worker, aggregate_once, store_state, switch_state
 
 RNG = np.random.default_rng(7)
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller import jobservice_pb2 as pb
-from controller.client import JobClient
-from controller.errors import ControllerError
 from controller.processes import ControllerProcess, SoftswitchProcess
-from controller.testing import store_state, switch_state
+from lhc_ina.jobservice import jobservice_pb2 as pb
+from lhc_ina.jobservice.client import JobClient
+from lhc_ina.jobservice.errors import ControllerError
+from tests.harness.controller import store_state, switch_state
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.epochs import EpochsExhausted, next_epoch
-from controller.errors import ControllerError
 from controller.integrity import store_problems
 from controller.records import JobState, MemberRecord
 from controller.slots import SlotPool, SlotPoolError, SlotRange
 from controller.store import DB_NAME, SCHEMA_VERSION, JobStore
 from lhc_ina import constants as c
+from lhc_ina.jobservice.errors import ControllerError
 
 REPO = Path(__file__).resolve().parent.parent
 

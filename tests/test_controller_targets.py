@@ -10,9 +10,9 @@ import grpc
 import pytest
 from p4.v1 import p4runtime_pb2 as p4v1
 
-from controller.errors import ControllerError
 from controller.processes import ControllerProcess, SoftswitchProcess
 from controller.targets import load_target
+from lhc_ina.jobservice.errors import ControllerError
 from lhc_ina.p4rt import P4RuntimeClient
 from lhc_ina.tofino import TofinoBundleError, TofinoDeviceConfig, main
 
@@ -116,8 +116,8 @@ def test_tofino_target_takes_bf_p4c_names(tmp_path):
     from google.protobuf import text_format
 
     from controller.reconcile import SwitchState, desired_state, plan
-    from controller.testing import two_worker_job
     from lhc_ina.p4rt import decode_table_entry
+    from tests.harness.controller import two_worker_job
 
     p4info = type(load_target("softswitch").p4info.p4info)()
     p4info.CopyFrom(load_target("softswitch").p4info.p4info)

@@ -26,3 +26,27 @@ def test_an_installed_mininet_wins_over_the_repo_folder(tmp_path: Path) -> None:
         cwd=REPO_ROOT, capture_output=True, text=True, check=True,
     )
     assert out.stdout.strip() == str(fake / "__init__.py")
+
+
+def _imported_packages(package: str) -> set[str]:
+    """The first-party top-level packages that ``package``'s modules import (statically, by ast)."""
+    import ast
+
+    found: set[str] = set()
+    for path in (REPO_ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+    return found & {"lhc_ina", "host_agent", "controller", "softswitch", "benchmarks", "lhc_demo", "ptf_tests",
+                    "tests", "mininet"}
+
+
+def test_layers_import_only_downwards() -> None:
+    """A worker installs without the controller (the job protocol is in lhc_ina), and packaged code never
+    imports the test harnesses."""
+    assert _imported_packages("lhc_ina") <= {"lhc_ina"}
+    assert _imported_packages("host_agent") <= {"lhc_ina", "host_agent"}
+    assert _imported_packages("softswitch") <= {"lhc_ina", "softswitch"}
+    assert _imported_packages("controller") <= {"lhc_ina", "controller", "softswitch"}

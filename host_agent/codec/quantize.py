@@ -143,7 +143,7 @@ def parse_header(words: torch.Tensor, world_size: int) -> int | None:
     if vals[_NONFINITE_WORD]:
         ranks = _workers(vals[_NONFINITE_WORD])
         raise AggregationError(
-            f"non-finite values (NaN or inf) in the input of worker(s) {list(ranks)}", ranks
+            f"non-finite values (NaN or inf) in the input of worker(s) {list(ranks)}", ranks, collective=True
         )
     if vals[_UNSCALABLE_WORD]:
         ranks = _workers(vals[_UNSCALABLE_WORD])
@@ -151,6 +151,7 @@ def parse_header(words: torch.Tensor, world_size: int) -> int | None:
             f"integer values of worker(s) {list(ranks)} exceed the bound |x| <= {int_bound(world_size)} "
             f"(= (2^31-1) // {world_size} workers): the sum could overflow int32",
             ranks,
+            collective=True,
         )
     if vals[_PARTIAL_SUPPORT_WORD]:
         ranks = _workers(vals[_PARTIAL_SUPPORT_WORD])
@@ -158,6 +159,7 @@ def parse_header(words: torch.Tensor, world_size: int) -> int | None:
             f"the support of worker(s) {list(ranks)} misses nonzero elements of their input: a support must "
             "list every nonzero element (elements outside it would be dropped)",
             ranks,
+            collective=True,
         )
     for word in range(_EXP_WORDS - 1, -1, -1):
         if vals[word]:
@@ -173,7 +175,8 @@ def check_sum_range(values: torch.Tensor, field: int | None, world_size: int) ->
     if bool(torch.isinf(values).any()):
         raise AggregationError(
             f"the sum overflows {values.dtype} (largest finite {torch.finfo(values.dtype).max:g}): "
-            "aggregate in float32, or scale the values down"
+            "aggregate in float32, or scale the values down",
+            collective=True,
         )
 
 

@@ -149,7 +149,9 @@ class PacketStream:
             if self._closed.is_set():
                 future.set_exception(AggregationError("the stream is closed"))
                 return future
-            self._inbox.append(_Message(self._submitted, op, np.ascontiguousarray(words, np.int32), future))
+            # A copy: a replay after an epoch change rebuilds packets from these words long after the
+            # caller's call returned, when the caller's buffer may hold its next data.
+            self._inbox.append(_Message(self._submitted, op, np.array(words, np.int32, copy=True), future))
             self._submitted += 1
         self._wake()
         return future
@@ -333,9 +335,9 @@ class PacketStream:
         log.info("rank %d: epoch %d -> %d, resynchronising", self.who.rank, self.who.epoch, epoch)
         self.stats.epoch_changes += 1
         self.who = replace(self.who, epoch=epoch)
-        oldest = min((m.index for m in self._active), default=None)
-        if self._syncing is not None:
+        if self._syncing is not None:  # a second change before the first resync finished: start it over
             self._active = [m for m in self._active if m is not self._syncing]
+        oldest = min((m.index for m in self._active), default=None)
         self._parked = sorted(self._active + self._parked, key=lambda m: m.index)
         if oldest is None:
             oldest = self._parked[0].index if self._parked else self._submitted_so_far()
@@ -357,7 +359,8 @@ class PacketStream:
         if (marks <= 0).any():
             raise AggregationError(f"the resynchronisation after an epoch change is incomplete: {marks}")
         oldest = int(marks.min()) - 1
-        replay = [m for m in self._log if m.index >= oldest] + self._parked
+        # The log is in completion order, which may differ from index order; the replay is in index order.
+        replay = sorted([m for m in self._log if m.index >= oldest] + self._parked, key=lambda m: m.index)
         expected = range(oldest, oldest + len(replay))
         if [m.index for m in replay] != list(expected):
             raise AggregationError(

@@ -14,17 +14,20 @@ from dataclasses import replace
 
 import torch
 
-from controller import jobservice_pb2 as pb
-from controller.client import JobClient, Joined
 from host_agent.backend import Backend, LinkEstimate
 from host_agent.errors import AggregationError
 from host_agent.transport.channel import Channel, Impairment
 from host_agent.transport.packets import StreamIdentity
 from host_agent.transport.stream import PacketStream
 from lhc_ina.constants import Op
+from lhc_ina.jobservice import jobservice_pb2 as pb
+from lhc_ina.jobservice.client import JobClient, Joined
 
 #: A member whose heartbeats are older than this is named silent when a packet stalls.
 SILENT_AFTER_S = 3.0
+#: How long the I/O thread's stall diagnosis and a closing worker's leave wait for the controller: both are
+#: courtesies, and a controller that is gone must not stretch an error or a shutdown.
+COURTESY_RPC_S = 2.0
 
 
 def _as_tensor(source: Future, target: Future) -> None:
@@ -48,19 +51,28 @@ class SwitchBackend(Backend):
         who = StreamIdentity(joined.job_id, joined.rank, joined.epoch, joined.slot_count)
         self.stream = PacketStream(channel, who, self.world_size, timeout_s=timeout_s,
                                    diagnose=self._diagnose)
+        self._left = False
         self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change)
 
     @classmethod
     def join(cls, controller: str, job: str, *, ip: str = "127.0.0.1", udp_port: int = 0, host: str = "",
              name: str = "", token: str | None = None, impairment: Impairment | None = None,
              timeout_s: float = 30.0, heartbeat_s: float = 0.5, install_timeout_s: float = 60.0,
-             ) -> SwitchBackend:
+             world_size: int | None = None) -> SwitchBackend:
         """Join ``job`` on the controller at ``controller`` from ``ip:udp_port`` (0: a free port), or as
-        topology host ``host``; returns once the job's entries are on the switch."""
+        topology host ``host``; returns once the job's entries are on the switch. ``world_size``: the
+        size the caller's run expects (its process group's); a job of another size is refused at once."""
         client = JobClient(controller, token=token)
         channel = Channel((ip, udp_port), impairment=impairment or Impairment())
         try:
             joined = client.join(job, udp_port=channel.local[1], ip="" if host else ip, host=host, name=name)
+            if world_size is not None and joined.job.workers != world_size:
+                with contextlib.suppress(Exception):
+                    client.leave(job, joined.rank, timeout=COURTESY_RPC_S)
+                raise ValueError(
+                    f"job {job!r} has {joined.job.workers} workers but this run has {world_size}: every "
+                    "worker of a job must belong to one run of that size (another run joined this job name?)"
+                )
             channel.switch = (joined.switch_ip, joined.switch_udp_port)
             installed = client.wait_installed(job, timeout=install_timeout_s)
             joined = replace(joined, epoch=installed.epoch)
@@ -84,13 +96,26 @@ class SwitchBackend(Backend):
     def counters(self) -> dict[str, int]:
         return {**self.stream.stats.__dict__, **self.channel.counters.as_dict()}
 
+    def abandon(self, error: Exception) -> None:
+        """This worker is out of step: fail its pending messages and leave the job at once, so that the
+        peers' errors name it as gone (``_silent_ranks``) instead of waiting for its heartbeats to age."""
+        self.stream.fail(error if isinstance(error, AggregationError) else AggregationError(str(error)))
+        self.heartbeats.stop()
+        self._leave()
+
     def close(self) -> None:
         self.heartbeats.stop()
         self.stream.close()
         self.channel.close()
-        with contextlib.suppress(Exception):  # the controller may be gone; leaving is a courtesy
-            self.client.leave(self.job, self.rank)
+        self._leave()
         self.client.close()
+
+    def _leave(self) -> None:
+        if self._left:
+            return
+        self._left = True
+        with contextlib.suppress(Exception):  # the controller may be gone; leaving is a courtesy
+            self.client.leave(self.job, self.rank, timeout=COURTESY_RPC_S)
 
     # --- what the controller says --------------------------------------------------------------------
     def _on_change(self, info: pb.JobInfo) -> None:
@@ -103,7 +128,7 @@ class SwitchBackend(Backend):
 
     def _diagnose(self, what: str) -> tuple[str, tuple[int, ...]]:
         try:
-            info = self.client.status(self.job)
+            info = self.client.status(self.job, timeout=COURTESY_RPC_S)
         except Exception as exc:  # the error must name what is known even then
             return f"{what}; the controller did not answer ({exc})", ()
         ranks = _silent_ranks(info, exclude=self.rank)

@@ -95,7 +95,7 @@ class P4RuntimeClient:
         self._stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
         if not arbitrate:
             return self
-        self._stream = self._stub.StreamChannel(self._request_iterator())
+        self._stream = self._stub.StreamChannel(self._request_iterator(self._requests))
         self._reader = threading.Thread(target=self._read_stream, name="p4rt-stream", daemon=True)
         self._reader.start()
         self._requests.put(
@@ -140,11 +140,12 @@ class P4RuntimeClient:
             self._channel.close()
             self._channel = None
 
-    def _request_iterator(self) -> Iterator[p4runtime_pb2.StreamMessageRequest]:
-        while True:
-            request = self._requests.get()
-            if request is None:
-                return
+    @staticmethod
+    def _request_iterator(
+        requests: queue.Queue[p4runtime_pb2.StreamMessageRequest | None],
+    ) -> Iterator[p4runtime_pb2.StreamMessageRequest]:
+        """What gRPC sends on the stream; ends at the None that ``close`` or a lost stream queues."""
+        while (request := requests.get()) is not None:
             yield request
 
     @property
@@ -156,7 +157,7 @@ class P4RuntimeClient:
         """Track arbitration messages (the device sends one to each client whenever the primary changes);
         other stream messages (packet-in, digests) are not used here. A stream that ends, other than by
         ``close``, takes primaryship with it: ``is_primary`` turns False and ``on_stream_lost`` is told."""
-        stream = self._stream
+        stream, requests = self._stream, self._requests
         lost: BaseException = ConnectionError(f"{self.address}: the device ended the stream")
         try:
             for response in stream:
@@ -171,6 +172,7 @@ class P4RuntimeClient:
             if error.code() == grpc.StatusCode.CANCELLED and self._stream is not stream:
                 return  # close() cancelled it
             lost = error
+        requests.put(None)  # the request iterator ends with its stream
         self._primary = False
         self._arbitration.put(lost)
         if self._stream is stream and self.on_stream_lost is not None:

@@ -2,7 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
-from controller import jobservice_pb2 as controller_dot_jobservice__pb2
+from lhc_ina.jobservice import jobservice_pb2 as lhc__ina_dot_jobservice_dot_jobservice__pb2
 
 
 class JobServiceStub(object):
@@ -16,48 +16,48 @@ class JobServiceStub(object):
         """
         self.CreateJob = channel.unary_unary(
                 '/lhc.controller.v1.JobService/CreateJob',
-                request_serializer=controller_dot_jobservice__pb2.CreateJobRequest.SerializeToString,
-                response_deserializer=controller_dot_jobservice__pb2.JobInfo.FromString,
+                request_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.CreateJobRequest.SerializeToString,
+                response_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.FromString,
                 )
         self.JoinJob = channel.unary_unary(
                 '/lhc.controller.v1.JobService/JoinJob',
-                request_serializer=controller_dot_jobservice__pb2.JoinJobRequest.SerializeToString,
-                response_deserializer=controller_dot_jobservice__pb2.JoinJobReply.FromString,
+                request_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JoinJobRequest.SerializeToString,
+                response_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JoinJobReply.FromString,
                 )
         self.LeaveJob = channel.unary_unary(
                 '/lhc.controller.v1.JobService/LeaveJob',
-                request_serializer=controller_dot_jobservice__pb2.LeaveJobRequest.SerializeToString,
-                response_deserializer=controller_dot_jobservice__pb2.LeaveJobReply.FromString,
+                request_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.LeaveJobRequest.SerializeToString,
+                response_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.LeaveJobReply.FromString,
                 )
         self.DeleteJob = channel.unary_unary(
                 '/lhc.controller.v1.JobService/DeleteJob',
-                request_serializer=controller_dot_jobservice__pb2.DeleteJobRequest.SerializeToString,
-                response_deserializer=controller_dot_jobservice__pb2.DeleteJobReply.FromString,
+                request_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.DeleteJobRequest.SerializeToString,
+                response_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.DeleteJobReply.FromString,
                 )
         self.ListJobs = channel.unary_unary(
                 '/lhc.controller.v1.JobService/ListJobs',
-                request_serializer=controller_dot_jobservice__pb2.ListJobsRequest.SerializeToString,
-                response_deserializer=controller_dot_jobservice__pb2.ListJobsReply.FromString,
+                request_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.ListJobsReply.FromString,
                 )
         self.JobStatus = channel.unary_unary(
                 '/lhc.controller.v1.JobService/JobStatus',
-                request_serializer=controller_dot_jobservice__pb2.JobStatusRequest.SerializeToString,
-                response_deserializer=controller_dot_jobservice__pb2.JobInfo.FromString,
+                request_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JobStatusRequest.SerializeToString,
+                response_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.FromString,
                 )
         self.Heartbeat = channel.unary_unary(
                 '/lhc.controller.v1.JobService/Heartbeat',
-                request_serializer=controller_dot_jobservice__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=controller_dot_jobservice__pb2.JobInfo.FromString,
+                request_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.FromString,
                 )
         self.Watch = channel.unary_stream(
                 '/lhc.controller.v1.JobService/Watch',
-                request_serializer=controller_dot_jobservice__pb2.WatchRequest.SerializeToString,
-                response_deserializer=controller_dot_jobservice__pb2.JobInfo.FromString,
+                request_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.WatchRequest.SerializeToString,
+                response_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.FromString,
                 )
         self.SwitchStatus = channel.unary_unary(
                 '/lhc.controller.v1.JobService/SwitchStatus',
-                request_serializer=controller_dot_jobservice__pb2.SwitchStatusRequest.SerializeToString,
-                response_deserializer=controller_dot_jobservice__pb2.SwitchStatusReply.FromString,
+                request_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.SwitchStatusRequest.SerializeToString,
+                response_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.SwitchStatusReply.FromString,
                 )
 
 
@@ -128,48 +128,48 @@ def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CreateJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateJob,
-                    request_deserializer=controller_dot_jobservice__pb2.CreateJobRequest.FromString,
-                    response_serializer=controller_dot_jobservice__pb2.JobInfo.SerializeToString,
+                    request_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.CreateJobRequest.FromString,
+                    response_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.SerializeToString,
             ),
             'JoinJob': grpc.unary_unary_rpc_method_handler(
                     servicer.JoinJob,
-                    request_deserializer=controller_dot_jobservice__pb2.JoinJobRequest.FromString,
-                    response_serializer=controller_dot_jobservice__pb2.JoinJobReply.SerializeToString,
+                    request_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JoinJobRequest.FromString,
+                    response_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JoinJobReply.SerializeToString,
             ),
             'LeaveJob': grpc.unary_unary_rpc_method_handler(
                     servicer.LeaveJob,
-                    request_deserializer=controller_dot_jobservice__pb2.LeaveJobRequest.FromString,
-                    response_serializer=controller_dot_jobservice__pb2.LeaveJobReply.SerializeToString,
+                    request_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.LeaveJobRequest.FromString,
+                    response_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.LeaveJobReply.SerializeToString,
             ),
             'DeleteJob': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteJob,
-                    request_deserializer=controller_dot_jobservice__pb2.DeleteJobRequest.FromString,
-                    response_serializer=controller_dot_jobservice__pb2.DeleteJobReply.SerializeToString,
+                    request_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.DeleteJobRequest.FromString,
+                    response_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.DeleteJobReply.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
-                    request_deserializer=controller_dot_jobservice__pb2.ListJobsRequest.FromString,
-                    response_serializer=controller_dot_jobservice__pb2.ListJobsReply.SerializeToString,
+                    request_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.ListJobsRequest.FromString,
+                    response_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.ListJobsReply.SerializeToString,
             ),
             'JobStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.JobStatus,
-                    request_deserializer=controller_dot_jobservice__pb2.JobStatusRequest.FromString,
-                    response_serializer=controller_dot_jobservice__pb2.JobInfo.SerializeToString,
+                    request_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JobStatusRequest.FromString,
+                    response_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=controller_dot_jobservice__pb2.HeartbeatRequest.FromString,
-                    response_serializer=controller_dot_jobservice__pb2.JobInfo.SerializeToString,
+                    request_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.HeartbeatRequest.FromString,
+                    response_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
-                    request_deserializer=controller_dot_jobservice__pb2.WatchRequest.FromString,
-                    response_serializer=controller_dot_jobservice__pb2.JobInfo.SerializeToString,
+                    request_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.WatchRequest.FromString,
+                    response_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.SerializeToString,
             ),
             'SwitchStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.SwitchStatus,
-                    request_deserializer=controller_dot_jobservice__pb2.SwitchStatusRequest.FromString,
-                    response_serializer=controller_dot_jobservice__pb2.SwitchStatusReply.SerializeToString,
+                    request_deserializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.SwitchStatusRequest.FromString,
+                    response_serializer=lhc__ina_dot_jobservice_dot_jobservice__pb2.SwitchStatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -193,8 +193,8 @@ class JobService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/lhc.controller.v1.JobService/CreateJob',
-            controller_dot_jobservice__pb2.CreateJobRequest.SerializeToString,
-            controller_dot_jobservice__pb2.JobInfo.FromString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.CreateJobRequest.SerializeToString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -210,8 +210,8 @@ class JobService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/lhc.controller.v1.JobService/JoinJob',
-            controller_dot_jobservice__pb2.JoinJobRequest.SerializeToString,
-            controller_dot_jobservice__pb2.JoinJobReply.FromString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.JoinJobRequest.SerializeToString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.JoinJobReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -227,8 +227,8 @@ class JobService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/lhc.controller.v1.JobService/LeaveJob',
-            controller_dot_jobservice__pb2.LeaveJobRequest.SerializeToString,
-            controller_dot_jobservice__pb2.LeaveJobReply.FromString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.LeaveJobRequest.SerializeToString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.LeaveJobReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -244,8 +244,8 @@ class JobService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/lhc.controller.v1.JobService/DeleteJob',
-            controller_dot_jobservice__pb2.DeleteJobRequest.SerializeToString,
-            controller_dot_jobservice__pb2.DeleteJobReply.FromString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.DeleteJobRequest.SerializeToString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.DeleteJobReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -261,8 +261,8 @@ class JobService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/lhc.controller.v1.JobService/ListJobs',
-            controller_dot_jobservice__pb2.ListJobsRequest.SerializeToString,
-            controller_dot_jobservice__pb2.ListJobsReply.FromString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.ListJobsRequest.SerializeToString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.ListJobsReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -278,8 +278,8 @@ class JobService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/lhc.controller.v1.JobService/JobStatus',
-            controller_dot_jobservice__pb2.JobStatusRequest.SerializeToString,
-            controller_dot_jobservice__pb2.JobInfo.FromString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.JobStatusRequest.SerializeToString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -295,8 +295,8 @@ class JobService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/lhc.controller.v1.JobService/Heartbeat',
-            controller_dot_jobservice__pb2.HeartbeatRequest.SerializeToString,
-            controller_dot_jobservice__pb2.JobInfo.FromString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.HeartbeatRequest.SerializeToString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -312,8 +312,8 @@ class JobService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_stream(request, target, '/lhc.controller.v1.JobService/Watch',
-            controller_dot_jobservice__pb2.WatchRequest.SerializeToString,
-            controller_dot_jobservice__pb2.JobInfo.FromString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.WatchRequest.SerializeToString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.JobInfo.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
@@ -329,7 +329,7 @@ class JobService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/lhc.controller.v1.JobService/SwitchStatus',
-            controller_dot_jobservice__pb2.SwitchStatusRequest.SerializeToString,
-            controller_dot_jobservice__pb2.SwitchStatusReply.FromString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.SwitchStatusRequest.SerializeToString,
+            lhc__ina_dot_jobservice_dot_jobservice__pb2.SwitchStatusReply.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from controller import jobservice_pb2 as pb
-from controller import jobservice_pb2_grpc as pb_grpc
-from controller.errors import ControllerError
+from lhc_ina.jobservice import jobservice_pb2 as pb
+from lhc_ina.jobservice import jobservice_pb2_grpc as pb_grpc
+from lhc_ina.jobservice.errors import ControllerError
 
 DEFAULT_CONTROLLER = "127.0.0.1:9560"
 
@@ -75,6 +75,9 @@ class Heartbeats:
         self.error: ControllerError | None = None
         self._on_change = on_change
         self._stop = threading.Event()
+        # A beat that takes longer than a few intervals is as good as missed; waiting longer would only
+        # delay ``stop`` (and a worker's shutdown) when the controller is gone.
+        self._rpc_timeout = max(1.0, 3 * interval)
         self._thread = threading.Thread(
             target=self._run, args=(client, job, rank, interval), daemon=True, name=f"heartbeat-{job}-{rank}"
         )
@@ -84,7 +87,7 @@ class Heartbeats:
         seen = None
         while not self._stop.is_set():
             try:
-                self.latest = client.heartbeat(job, rank)
+                self.latest = client.heartbeat(job, rank, timeout=self._rpc_timeout)
                 self.error = None
             except ControllerError as exc:
                 self.error = exc
@@ -97,7 +100,8 @@ class Heartbeats:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread is not threading.current_thread():  # on_change may stop its own heartbeats
+            self._thread.join(timeout=self._rpc_timeout + 1)
 
 
 class JobClient:
@@ -119,9 +123,10 @@ class JobClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, request):
+    def _call(self, method: str, request, timeout: float | None = None):
+        timeout = self.timeout if timeout is None else timeout
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout, metadata=self._metadata)
+            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise _error(error) from None
 
@@ -190,8 +195,8 @@ class JobClient:
             reply.job,
         )
 
-    def heartbeat(self, job: str, rank: int) -> pb.JobInfo:
-        return self._call("Heartbeat", pb.HeartbeatRequest(job=job, rank=rank))
+    def heartbeat(self, job: str, rank: int, timeout: float | None = None) -> pb.JobInfo:
+        return self._call("Heartbeat", pb.HeartbeatRequest(job=job, rank=rank), timeout)
 
     def start_heartbeats(
         self, job: str, rank: int, interval: float = 1.0,
@@ -201,15 +206,15 @@ class JobClient:
         heartbeat timeout (a third of it, say)."""
         return Heartbeats(self, job, rank, interval, on_change)
 
-    def status(self, job: str) -> pb.JobInfo:
-        return self._call("JobStatus", pb.JobStatusRequest(job=job))
+    def status(self, job: str, timeout: float | None = None) -> pb.JobInfo:
+        return self._call("JobStatus", pb.JobStatusRequest(job=job), timeout)
 
     def list_jobs(self) -> list[pb.JobInfo]:
         return list(self._call("ListJobs", pb.ListJobsRequest()).jobs)
 
-    def leave(self, job: str, rank: int) -> bool:
+    def leave(self, job: str, rank: int, timeout: float | None = None) -> bool:
         """Leave ``job``; True when this was its last member and the job ended."""
-        return self._call("LeaveJob", pb.LeaveJobRequest(job=job, rank=rank)).job_ended
+        return self._call("LeaveJob", pb.LeaveJobRequest(job=job, rank=rank), timeout).job_ended
 
     def delete_job(self, job: str) -> None:
         self._call("DeleteJob", pb.DeleteJobRequest(job=job))
@@ -217,8 +222,9 @@ class JobClient:
     def switch_status(self) -> pb.SwitchStatusReply:
         return self._call("SwitchStatus", pb.SwitchStatusRequest())
 
-    def watch(self, job: str, timeout: float | None = None) -> Iterator[pb.JobInfo]:
-        """The job now, then on every change of state, epoch, installation or membership."""
+    def watch(self, job: str, timeout: float = 3600.0) -> Iterator[pb.JobInfo]:
+        """The job now, then on every change of state, epoch, installation or membership, until
+        ``timeout`` s have passed (then DEADLINE_EXCEEDED: a watch never outlives its caller's patience)."""
         stream = self._stub.Watch(pb.WatchRequest(job=job), timeout=timeout, metadata=self._metadata)
         try:
             yield from stream

@@ -1,5 +1,6 @@
 """Test helpers for the controller: the switch's state and the store's as comparable sets, simulated
-workers that aggregate over UDP, a ready-made job record. The processes live in ``controller.processes``.
+workers that aggregate over UDP, a ready-made job record. The processes live in ``controller.processes``
+and ``tests/harness/bmv2.py``.
 """
 
 from __future__ import annotations
@@ -9,16 +10,17 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.client import Joined
-from controller.processes import Bmv2Process, SoftswitchProcess
+from controller.processes import SoftswitchProcess
 from controller.reconcile import SwitchState, desired_state, read_state
 from controller.records import JobRecord, JobState, MemberRecord
 from controller.store import DB_NAME, JobStore
 from controller.targets import load_target
 from controller.topology import load_topology
 from lhc_ina import constants as c
+from lhc_ina.jobservice.client import Joined
 from lhc_ina.p4rt import P4RuntimeClient
 from lhc_ina.wire import LhcHeader, pack_packet, unpack_packet
+from tests.harness.bmv2 import Bmv2Process
 
 
 def switch_state(switch: SoftswitchProcess | Bmv2Process) -> SwitchState:
