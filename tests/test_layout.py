@@ -39,8 +39,9 @@ def _imported_packages(package: str) -> set[str]:
                 found.add(node.module.split(".")[0])
             elif isinstance(node, ast.Import):
                 found.update(alias.name.split(".")[0] for alias in node.names)
-    return found & {"lhc_ina", "host_agent", "controller", "softswitch", "benchmarks", "lhc_demo", "ptf_tests",
-                    "tests", "mininet"}
+    first_party = {"lhc_ina", "host_agent", "controller", "softswitch", "benchmarks", "lhc_demo", "ptf_tests",
+                   "tests", "mininet"}
+    return found & first_party
 
 
 def test_layers_import_only_downwards() -> None:
