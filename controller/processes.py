@@ -104,9 +104,13 @@ class SoftswitchProcess(ChildProcess):
         """The controller's --dataplane for this switch."""
         return f"{self.switch_port}@{self.host}:{self.udp_port}"
 
-    def restart(self) -> None:
-        """Stop and start again on the same addresses: the switch comes back empty."""
-        self.terminate()
+    def restart(self, *, crash: bool = False) -> None:
+        """Stop (kill -9 with ``crash``) and start again on the same addresses: the switch comes back
+        empty."""
+        if crash:
+            self.kill()
+        else:
+            self.terminate()
         self._start(int(self.grpc_addr.rsplit(":", 1)[1]))
 
     def __enter__(self) -> SoftswitchProcess:
