@@ -82,6 +82,6 @@ def test_the_stream_sends_windows_in_order_and_keeps_good_results_among_bad_ones
     firsts = list(dict.fromkeys(switch.seqs))  # first sends, retransmissions left out
     assert firsts == list(range(len(firsts)))
     assert max(channel.batches) > 1, "a window's packets leave in one batch"
-    assert stream.stats.results == len(firsts)
+    assert stream.engine.stats.results == len(firsts)
     # two bad datagrams came before every result and were dropped without hiding it
-    assert stream.stats.foreign_packets >= 2 * stream.stats.results
+    assert stream.engine.stats.foreign_packets >= 2 * stream.engine.stats.results

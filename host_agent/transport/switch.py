@@ -94,7 +94,7 @@ class SwitchBackend(Backend):
         return LinkEstimate(rtt, rate) if rtt is not None and rate else None
 
     def counters(self) -> dict[str, int]:
-        return {**self.stream.stats.__dict__, **self.channel.counters.as_dict()}
+        return self.stream.counters()
 
     def abandon(self, error: Exception) -> None:
         """This worker is out of step: fail its pending messages and leave the job at once, so that the

@@ -1,23 +1,33 @@
 """How many packets a worker keeps in flight, and how long it waits before it sends one again.
 
 The switch gives no congestion signal: BMv2 drops what it cannot forward without a word, softswitch does
-the same under load. The signals are the host's own: a round trip well above the smallest seen means a
-queue is building (the window stops growing and shrinks by one packet per window), and a timeout means a
-loss, as in TCP (the window halves, at most once per round trip). Otherwise it grows by one packet per
-round trip. The
-timer follows TCP's estimator (RFC 6298): smoothed RTT plus four deviations, from packets sent once only
-(Karn), doubled per retransmission of the same packet.
+the same under load. The signals are the host's own round trips. A round trip well above the smallest
+seen means a queue is building: the window stops growing and shrinks by one packet per window. A loss
+(found by the gap in the results, or by a timer) halves the window, at most once per round trip, only
+when the delay says a queue was building (or the same packet was lost again): a loss on a clean path is
+random loss, and halving for it would only slow a lossy link down to stop-and-wait. Otherwise the window
+grows by one packet per round trip.
+
+The timer follows TCP's estimator (RFC 6298): smoothed RTT plus four deviations, from packets sent once
+only (Karn), doubled per retransmission of the same packet. Its floor follows the path (twice the smoothed
+round trip, and never below ``MIN_RTO_S``), so a loopback or datacenter path does not wait milliseconds
+for a packet it could have resent in microseconds.
+
+``host_agent/transport/_engine.c`` implements the same arithmetic, in the same order, on doubles; the
+differential test holds the two to the same decisions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Bounds of the retransmission timer. The floor keeps a loaded 2-core host from retransmitting what is
-#: only queued; the ceiling keeps a lost packet from stalling a bucket for long.
-MIN_RTO_S = 0.02
+#: Bounds of the retransmission timer: the floor is only a guard against a clock's resolution; the path's
+#: own round trip sets the real floor.
+MIN_RTO_S = 0.0005
 MAX_RTO_S = 1.0
 INITIAL_RTO_S = 0.2
+#: The floor in round trips: a packet is not given up on before twice its path's smoothed round trip.
+RTO_FLOOR_RTTS = 2.0
 
 
 @dataclass
@@ -34,13 +44,16 @@ class RoundTrip:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self.rto = min(MAX_RTO_S, max(MIN_RTO_S, self.srtt + 4 * self.rttvar))
+        floor = max(MIN_RTO_S, RTO_FLOOR_RTTS * self.srtt)
+        self.rto = min(MAX_RTO_S, max(floor, self.srtt + 4 * self.rttvar))
 
     def backoff(self, retries: int) -> float:
         """The timer of a packet already sent ``retries`` + 1 times."""
-        return min(MAX_RTO_S, self.rto * (2 ** retries))
+        return min(MAX_RTO_S, self.rto * (2**retries))
 
 
+#: Packets a new stream may keep in flight before it has measured anything.
+INITIAL_WINDOW = 8.0
 #: Queueing a worker tolerates at the switch before it stops growing its window: the switch's buffer is
 #: shared by every worker of every job, and a long queue only turns into spurious retransmissions.
 QUEUE_TARGET_S = 0.005
@@ -49,9 +62,9 @@ QUEUE_TARGET_S = 0.005
 class Window:
     """AIMD over packets in flight, between 1 and ``limit`` (the job's slot count), with a delay brake:
     the window grows only while round trips stay near the smallest seen (little queue at the switch) and
-    shrinks slowly when they do not, so timeouts (losses) stay rare instead of being the only signal."""
+    shrinks slowly when they do not; a loss halves it only where the delay says the path is congested."""
 
-    def __init__(self, limit: int, initial: float = 8.0) -> None:
+    def __init__(self, limit: int, initial: float = INITIAL_WINDOW) -> None:
         if limit < 1:
             raise ValueError(f"a window needs at least one slot, not {limit}")
         self.limit = limit
@@ -59,6 +72,7 @@ class Window:
         self._last_decrease = float("-inf")
         self.decreases = 0
         self.min_rtt = float("inf")
+        self.queueing = False  # the latest round trip said a queue was building
 
     @property
     def packets(self) -> int:
@@ -68,14 +82,16 @@ class Window:
         """A result of a packet sent once, ``rtt`` after it left: one more packet per window's worth of
         results while the queue is short, one fewer while it is long."""
         self.min_rtt = min(self.min_rtt, rtt)
-        if rtt <= max(2 * self.min_rtt, self.min_rtt + QUEUE_TARGET_S):
-            self.size = min(float(self.limit), self.size + 1.0 / self.size)
-        else:
+        self.queueing = rtt > max(2 * self.min_rtt, self.min_rtt + QUEUE_TARGET_S)
+        if self.queueing:
             self.size = max(1.0, self.size - 1.0 / self.size)
+        else:
+            self.size = min(float(self.limit), self.size + 1.0 / self.size)
 
-    def on_timeout(self, now: float, rtt: float) -> None:
-        """A timer fired: halve, once per round trip (losses of one window are one congestion event)."""
-        if now - self._last_decrease >= rtt:
+    def on_loss(self, now: float, rtt: float, repeated: bool) -> None:
+        """A packet was lost (``repeated``: not for the first time). Halve, once per round trip, if the
+        delay says the path is congested or the packet keeps getting lost; keep the window otherwise."""
+        if (self.queueing or repeated) and now - self._last_decrease >= rtt:
             self.size = max(1.0, self.size / 2)
             self._last_decrease = now
             self.decreases += 1

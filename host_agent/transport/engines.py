@@ -1,0 +1,202 @@
+"""The engine a stream runs: ``_engine.c`` where it is built, else the Python reference over the channel.
+
+Both have one face: ``add``, ``restart``, ``step`` (the pure state machine, for tests), ``pump`` (one turn
+of the I/O loop: send what is due, wait for a result, a timer or a wake-up, take a batch of results,
+send again; the segments completed), ``stats``, ``rtt``, ``window``, ``stalled``, ``io_counters``.
+
+The native engine does the socket work itself (recvmmsg, sendmmsg, the GIL released while it waits) and
+applies the channel's impairment per datagram, counted as the channel would, so a lossy test or benchmark
+measures the same thing on both.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+from types import ModuleType
+
+from host_agent.transport.channel import Channel
+from host_agent.transport.engine import DUPLICATE_THRESHOLD, EngineStats, PacketEngine, Stalled
+from host_agent.transport.packets import PACKET_BYTES, StreamIdentity
+from host_agent.transport.window import (
+    INITIAL_RTO_S,
+    INITIAL_WINDOW,
+    MAX_RTO_S,
+    MIN_RTO_S,
+    QUEUE_TARGET_S,
+    RTO_FLOOR_RTTS,
+)
+from lhc_ina import constants as c
+from lhc_ina.udp import ReceiveBatch
+
+log = logging.getLogger(__name__)
+
+_native: ModuleType | None
+try:
+    from host_agent.transport import _engine as _native
+except ImportError:  # built without a C compiler
+    _native = None
+
+#: Results taken per system call, and at most per pump before the loop looks at its timers again.
+RECEIVE_BATCH = 64
+RECEIVE_BURST = 256
+
+
+def native_engine_available() -> bool:
+    return _native is not None
+
+
+class ChannelEngine(PacketEngine):
+    """The Python reference engine with its I/O: the channel's batched sends and receives."""
+
+    def __init__(self, who: StreamIdentity, world_size: int, channel: Channel, timeout_s: float) -> None:
+        super().__init__(who, world_size, channel.switch, timeout_s)
+        self.channel = channel
+        self._batch = ReceiveBatch(RECEIVE_BATCH, PACKET_BYTES + 1)  # + 1: a longer one is never whole
+
+    def pump(self, wake_fd: int, max_wait: float) -> list[tuple[int, float]]:
+        import time
+
+        self.switch = self.channel.switch
+        out, completed = self.step(time.monotonic(), [])
+        self._send(out)
+        wakeup = self.next_wakeup()
+        wait = max_wait if wakeup is None else min(max_wait, max(0.0, wakeup - time.monotonic()))
+        readable, _, _ = select.select([self.channel, wake_fd], [], [], wait)
+        if wake_fd in readable:
+            _drain(wake_fd)
+        batch = self._batch
+        for _ in range(RECEIVE_BURST // RECEIVE_BATCH):
+            taken = self.channel.receive_many(batch)
+            datagrams = [(batch.datagram(i), batch.source(i)) for i in range(len(batch))]
+            out, done = self.step(time.monotonic(), datagrams)
+            completed += done
+            self._send(out)
+            if taken < batch.capacity:
+                break
+        return completed
+
+    def _send(self, out: list[bytes]) -> None:
+        if out:
+            self.channel.send_many(out)
+
+    def io_counters(self) -> dict[str, int]:
+        return self.channel.counters.as_dict()
+
+
+def _drain(fd: int) -> None:
+    import os
+
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+class NativeEngine:
+    """``_engine.Engine`` behind the reference engine's face."""
+
+    def __init__(self, who: StreamIdentity, world_size: int, channel: Channel | None, timeout_s: float,
+                 ) -> None:
+        self.who = who
+        self.channel = channel
+        impairment = channel.impairment if channel is not None else None
+        self._engine = _native.Engine(
+            fd=channel.fileno() if channel is not None else -1,
+            job_id=who.job_id, rank=who.rank, epoch=who.epoch, slot_count=who.slot_count,
+            world_size=world_size, timeout_s=timeout_s,
+            loss=impairment.loss if impairment else 0.0,
+            duplicate=impairment.duplicate if impairment else 0.0,
+            seed=(impairment.seed or 0) if impairment else 0,
+        )
+        self._switch: tuple[str, int] | None = None
+
+    def _sync_switch(self) -> None:
+        if self.channel is not None and self.channel.switch != self._switch:
+            self._switch = self.channel.switch
+            host, port = self.channel._destination()
+            self._engine.set_switch(host, port)
+
+    def set_switch(self, address: tuple[str, int]) -> None:
+        """Where results must come from (tests without a channel)."""
+        self._switch = address
+        self._engine.set_switch(*address)
+
+    def add(self, ident: int, first: int, raw: bytes, result) -> None:
+        self._engine.add(ident, first, raw, result)
+
+    def restart(self, epoch: int) -> None:
+        self.who = StreamIdentity(self.who.job_id, self.who.rank, epoch, self.who.slot_count)
+        self._engine.restart(epoch)
+
+    def step(self, now: float, datagrams: list) -> tuple[list[bytes], list[tuple[int, float]]]:
+        return self._engine.step(now, datagrams)
+
+    def pump(self, wake_fd: int, max_wait: float) -> list[tuple[int, float]]:
+        self._sync_switch()
+        return self._engine.pump(wake_fd, max_wait)
+
+    def next_wakeup(self) -> float | None:
+        return self._engine.next_wakeup()
+
+    @property
+    def next_free(self) -> int:
+        return self._engine.next_free
+
+    @property
+    def low(self) -> int:
+        return self._engine.low
+
+    @property
+    def stats(self) -> EngineStats:
+        return EngineStats(**self._engine.stats())
+
+    @property
+    def rtt(self) -> _RoundTripView:
+        return _RoundTripView(*self._engine.rtt())
+
+    @property
+    def window(self) -> _WindowView:
+        return _WindowView(*self._engine.window())
+
+    @property
+    def stalled(self) -> Stalled | None:
+        stalled = self._engine.stalled()
+        return None if stalled is None else Stalled(*stalled)
+
+    def io_counters(self) -> dict[str, int]:
+        return self._engine.io_counters()
+
+
+class _RoundTripView:
+    def __init__(self, srtt: float | None, rttvar: float, rto: float) -> None:
+        self.srtt, self.rttvar, self.rto = srtt, rttvar, rto
+
+
+class _WindowView:
+    def __init__(self, size: float, decreases: int, min_rtt: float) -> None:
+        self.size, self.decreases, self.min_rtt = size, decreases, min_rtt
+        self.packets = max(1, int(size))
+
+
+def make_engine(who: StreamIdentity, world_size: int, channel: Channel, timeout_s: float,
+                native: bool | None = None) -> ChannelEngine | NativeEngine:
+    """The native engine where built (``native`` None) or required (True: an error if not built)."""
+    if native and _native is None:
+        raise RuntimeError("the native packet engine (host_agent/transport/_engine.c) is not built")
+    if native is False or _native is None or channel.io.name != "native":
+        return ChannelEngine(who, world_size, channel, timeout_s)
+    return NativeEngine(who, world_size, channel, timeout_s)
+
+
+#: The constants the C engine must share with the reference (checked when the module loads).
+SHARED_CONSTANTS = {
+    "LANES": c.LANES, "HEADER_BYTES": c.HEADER_BYTES, "PACKET_BYTES": PACKET_BYTES,
+    "DUPLICATE_THRESHOLD": DUPLICATE_THRESHOLD, "MIN_RTO_S": MIN_RTO_S, "MAX_RTO_S": MAX_RTO_S,
+    "INITIAL_RTO_S": INITIAL_RTO_S, "INITIAL_WINDOW": INITIAL_WINDOW, "RTO_FLOOR_RTTS": RTO_FLOOR_RTTS,
+    "QUEUE_TARGET_S": QUEUE_TARGET_S,
+    "RESULT": int(c.MsgType.RESULT), "RESULT_RETX": int(c.MsgType.RESULT_RETX),
+}
+if _native is not None:
+    _native.configure(SHARED_CONSTANTS)
