@@ -132,6 +132,7 @@ def _trial(stack: _Stack, seed: int) -> tuple[str, list[str]]:
     victim, fault_call = agents[rng.randrange(world)], rng.randrange(calls)
     stall_s = rng.uniform(0.0, 2 * timeout_s)
     outcomes: dict[int, list[str]] = {agent.rank: [] for agent in agents}
+    faults: list[threading.Thread] = []
 
     def member(agent: Agent) -> None:
         for call, (mode, _, _, key) in enumerate(plan):
@@ -139,7 +140,9 @@ def _trial(stack: _Stack, seed: int) -> tuple[str, list[str]]:
                 if kind == "worker_stall":
                     time.sleep(stall_s)
                 elif kind != "worker_raise":
-                    threading.Thread(target=_fault, args=(stack, kind, rng, victim), daemon=True).start()
+                    fault = threading.Thread(target=_fault, args=(stack, kind, rng, victim), daemon=True)
+                    faults.append(fault)
+                    fault.start()
             try:
                 total = agent.allreduce(inputs[call][agent.rank], mode=mode, key=key).total
             except AggregationError:
@@ -160,6 +163,8 @@ def _trial(stack: _Stack, seed: int) -> tuple[str, list[str]]:
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
     hung = [agent.rank for agent, thread in zip(agents, threads, strict=True) if thread.is_alive()]
+    for fault in faults:  # a fault that lands after the calls ended must land before the stack heals
+        fault.join(timeout=60)
     for agent in agents:
         agent.close()
     stack.heal()
