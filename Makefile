@@ -18,15 +18,18 @@ DEMO_ARGS ?=
 
 venv: $(INSTALLED)
 
-# The codec's C kernels are an optional extension: a failed build would leave an older one in place, so
-# it is removed first and a missing one is reported (tests/test_codec.py then fails on it too).
-$(INSTALLED): pyproject.toml setup.py host_agent/codec/_native.c
+# The C extensions are optional (each has a Python fallback): a failed build would leave an older one in
+# place, so each is removed first and a missing one is reported (its tests then fail or say so).
+NATIVE_MODULES := host_agent/codec/_native lhc_ina/_udp host_agent/transport/_engine
+NATIVE_SOURCES := host_agent/codec/_native.c lhc_ina/_udp.c host_agent/transport/_engine.c \
+	host_agent/transport/engine_core.c host_agent/transport/engine_core.h
+$(INSTALLED): pyproject.toml setup.py $(NATIVE_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	rm -f host_agent/codec/_native.*.so
+	for module in $(NATIVE_MODULES); do rm -f $$module.*.so; done
 	$(PY) -m pip install -q -e '.[dev]'
-	@ls host_agent/codec/_native.*.so >/dev/null 2>&1 || echo "warning: the codec's C kernels did not build" \
-		"(no C compiler or Python headers?); the codec runs its torch code"
+	@for module in $(NATIVE_MODULES); do ls $$module.*.so >/dev/null 2>&1 || echo "warning: $$module did" \
+		"not build (no C compiler or Python headers?): its Python fallback runs, slower"; done
 	touch $@
 
 demo: venv
@@ -107,7 +110,7 @@ system-deps:
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis
-	rm -f host_agent/codec/_native.*.so
+	for module in $(NATIVE_MODULES); do rm -f $$module.*.so; done
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # The PTF suite against a target (root: veth pairs): `make ptf` (softswitch), `make ptf TARGET=bmv2`.

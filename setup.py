@@ -1,10 +1,11 @@
-"""The compiled parts: the codec's CPU kernels (host_agent/codec/_native.c: peeling, set bits) and the
-batched UDP I/O that the worker's channel and softswitch's UDP ports share (lhc_ina/_udp.c: sendmmsg,
-recvmmsg).
+"""The compiled parts: the codec's CPU kernels (host_agent/codec/_native.c: peeling, set bits), the
+worker's packet engine (host_agent/transport/_engine.c: window, timers, loss recovery, reassembly and the
+socket work, per batch) and the batched UDP I/O that the worker's channel and softswitch's UDP ports share
+(lhc_ina/_udp.c: sendmmsg, recvmmsg).
 
-Everything else is in pyproject.toml. Both extensions are optional: where no C compiler is present the
-install still succeeds; the codec then uses its torch implementations and UDP one system call per datagram,
-both slower.
+Everything else is in pyproject.toml. Every extension is optional: where no C compiler is present the
+install still succeeds; the codec then uses its torch implementations, the stream its Python engine and UDP
+one system call per datagram, all slower.
 """
 
 from setuptools import Extension, setup
@@ -15,6 +16,13 @@ setup(
             "host_agent.codec._native",
             ["host_agent/codec/_native.c"],
             extra_compile_args=["-O3", "-std=c11"],
+            optional=True,
+        ),
+        Extension(
+            "host_agent.transport._engine",
+            ["host_agent/transport/_engine.c", "host_agent/transport/engine_core.c"],
+            depends=["host_agent/transport/engine_core.h"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,
         ),
         Extension(

@@ -116,6 +116,7 @@ class PacketEngine:
 
     def _reset_positions(self) -> None:
         slots = self.who.slot_count
+        self.stalled = None
         self._segments: list[Segment] = []
         self._ring = [_Flight() for _ in range(slots)]
         self._received = [False] * slots  # for positions in [low, send_next): the result is in

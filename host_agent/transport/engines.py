@@ -28,6 +28,7 @@ from host_agent.transport.window import (
 )
 from lhc_ina import constants as c
 from lhc_ina.udp import ReceiveBatch
+from lhc_ina.wire import HEADER_OFFSETS, HEADER_SHIFTS
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +198,9 @@ SHARED_CONSTANTS = {
     "INITIAL_RTO_S": INITIAL_RTO_S, "INITIAL_WINDOW": INITIAL_WINDOW, "RTO_FLOOR_RTTS": RTO_FLOOR_RTTS,
     "QUEUE_TARGET_S": QUEUE_TARGET_S,
     "RESULT": int(c.MsgType.RESULT), "RESULT_RETX": int(c.MsgType.RESULT_RETX),
+    "TYPE_SHIFT": HEADER_SHIFTS["msg_type"], "OFF_JOB_ID": HEADER_OFFSETS["job_id"],
+    "OFF_EPOCH": HEADER_OFFSETS["epoch"], "OFF_SEQ": HEADER_OFFSETS["seq"],
+    "OFF_BITMAP": HEADER_OFFSETS["bitmap"],
 }
 if _native is not None:
     _native.configure(SHARED_CONSTANTS)

@@ -1,0 +1,91 @@
+/*
+ * The engine's state machine, shared by _engine.c's Python type: positions, segments, the ring of
+ * packets in flight, the window and the round-trip estimator. Mirrors host_agent/transport/engine.py and
+ * window.py line for line; no I/O here (the pump in _engine.c does it).
+ */
+#ifndef LHC_ENGINE_CORE_H
+#define LHC_ENGINE_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <netinet/in.h>
+#include <stdint.h>
+
+#define RX_BATCH 64      /* datagrams per recvmmsg (engines.RECEIVE_BATCH) */
+#define RX_BURST 256     /* at most this many per pump before the timers are looked at again */
+#define RX_SLOT 2048     /* a receive slot: longer than any lhc packet, so a longer datagram is never whole */
+
+/* The constants the reference owns (lhc_ina.constants, window.py, engine.py), set by configure(). */
+typedef struct {
+    Py_ssize_t lanes, header_bytes, packet_bytes;
+    int duplicate_threshold;
+    double min_rto, max_rto, initial_rto, initial_window, rto_floor_rtts, queue_target;
+    int result_type, result_retx_type, type_shift;
+    int off_job, off_epoch, off_seq, off_bitmap;
+} Constants;
+
+extern Constants g;
+extern int g_configured;
+
+typedef struct {
+    long long ident, first, count, missing;
+    double started;
+    Py_buffer raw, result;
+} Segment;
+
+typedef struct {
+    double first_sent, last_sent, deadline;
+    long long retries;
+} Flight;
+
+typedef struct {
+    long long ident;
+    double started;
+} Done;
+
+typedef struct {
+    /* identity */
+    unsigned job_id, rank, epoch, slot_count;
+    uint32_t full_mask;
+    double timeout_s;
+    struct sockaddr_in sw;
+    int have_switch;
+    /* round trip (window.RoundTrip) */
+    int have_srtt;
+    double srtt, rttvar, rto;
+    /* window (window.Window) */
+    double wsize, min_rtt, last_decrease;
+    long long decreases;
+    int queueing;
+    /* positions */
+    long long next_free, send_next, low, highest, inflight;
+    Flight *ring;
+    unsigned char *received;
+    Segment *segs;
+    int n_segs, cap_segs;
+    /* what a call produced: packets to send (pointers into segments' raw bytes), segments completed */
+    const unsigned char **out;
+    int n_out;
+    Done *done;
+    int n_done, cap_done;
+    /* stall */
+    int stalled;
+    long long stall_position, stall_sends;
+    double stall_age;
+    /* counters (engine.EngineStats) */
+    long long packets_sent, fast_retransmissions, timer_retransmissions, results, duplicate_results,
+        stale_results, partial_results, foreign_packets;
+} Core;
+
+PyObject *core_configure(PyObject *constants);
+int core_init(Core *c, unsigned job_id, unsigned rank, unsigned epoch, unsigned slot_count, unsigned world);
+void core_free(Core *c);
+int core_add(Core *c, const Segment *segment);
+void core_restart(Core *c, unsigned epoch);
+int core_from_switch(const Core *c, const struct sockaddr_in *from);
+void core_result(Core *c, double now, const unsigned char *datagram, Py_ssize_t length,
+                 const struct sockaddr_in *from);
+void core_decide(Core *c, double now);
+double core_next_wakeup(const Core *c);
+
+#endif
