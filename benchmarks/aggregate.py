@@ -140,6 +140,7 @@ def _plot(results: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     colors = {mode: f"C{i}" for i, mode in enumerate([*MODES, "gloo"])}  # a mode's color in both panels
     figure, panels = plt.subplots(1, 2, figsize=(11, 4))
@@ -149,8 +150,11 @@ def _plot(results: list[dict], path: Path) -> None:
             style = "--" if mode in BASELINES else "-"  # the other baseline
             axes.plot(*zip(*points, strict=True), marker="o", linestyle=style, color=colors[mode], label=mode)
         axes.axhline(1.0, color=colors[baseline], linestyle=":", label=baseline)
-        axes.set(xscale="log", xlabel="density per worker", ylabel=f"speedup over {baseline}",
+        # log speedups: Gloo and the switch's modes lie orders of magnitude apart on a Python switch
+        axes.set(xscale="log", yscale="log", xlabel="density per worker", ylabel=f"speedup over {baseline}",
                  title=f"over {baseline}, W={results[0]['workers']}, {results[0]['length']:,} elements")
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axes.yaxis.set_minor_formatter(NullFormatter())
         axes.legend()
         axes.grid(alpha=0.3)
     figure.tight_layout()
