@@ -5,8 +5,9 @@
 3. ``lhc``: the lhc DDP hook through the switch (lossless homomorphic compression, mode ``auto``).
 
 The switch is softswitch on UDP over loopback, admitted jobs come from the controller; the demo starts
-and stops both, so nothing needs root or a P4 toolchain. It prints the per-step losses and costs, writes a
-plot and the ranks' raw results to ``--out``, and ends with one JSON summary line (``lhc_demo.summary``).
+and stops both, so nothing needs root or a P4 toolchain. It prints the per-step losses, held-out AUCs and
+costs, writes a plot and the ranks' raw results to ``--out``, and ends with one JSON summary line
+(``lhc_demo.summary``).
 
     python -m lhc_demo.train [--workers 4] [--steps 20] [--out build/demo] [--json] [model options]
 """
