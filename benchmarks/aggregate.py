@@ -1,10 +1,15 @@
-"""`lhc-bench aggregate`: lhc against dense aggregation through the same switch, in the same run.
+"""`lhc-bench aggregate`: lhc against dense aggregation through the same switch and against Gloo's
+allreduce, in the same run.
 
 Starts softswitch (UDP on loopback) and the controller, or uses ``--controller ADDR``; for each density
 it admits a job and runs W worker processes (``benchmarks.aggregate_worker``) that aggregate one sparse
-float32 bucket in every mode of ``--modes``, checking each result exactly. One JSON object per (density,
-mode): ``elements_per_s`` counts dense-equivalent elements aggregated per second (the bucket's length over
-the slowest worker's time), and ``speedup_vs_dense`` divides dense's time by the mode's.
+float32 bucket in every mode of ``--modes``, checking each result exactly, and then allreduce the same
+buckets, dense, in a Gloo process group of the same processes (TCP on loopback; mode ``gloo``, checked
+within float rounding: ``benchmarks.aggregate_gloo``). One JSON object per (density, mode):
+``elements_per_s`` counts dense-equivalent elements aggregated per second (the bucket's length over the
+slowest worker's time); ``speedup_vs_dense`` and ``speedup_vs_gloo`` divide dense's and Gloo's times by
+the mode's. ``max_error`` is the largest difference from the row's ``reference``; ``within_tolerance``
+says it is at most ``tolerance`` (0 for the switch's modes, which must be ``exact``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from benchmarks.aggregate_gloo import worst
+
 MODES = ("dense", "sketch", "union", "auto")
+#: The rows every run has: the baselines of the speedups.
+BASELINES = ("dense", "gloo")
 
 
 def _densities(text: str) -> list[float]:
@@ -64,14 +73,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, help="write speedup against density to this PNG")
 
 
-def _run_density(args: argparse.Namespace, controller: str, client: Any, density: float, index: int
-                 ) -> list[dict]:
+def _run_density(args: argparse.Namespace, controller: str, client: Any, density: float, index: int,
+                 scratch: Path) -> list[dict]:
     job = f"bench-{index}-{density}"
     client.create_job(job, workers=args.workers)
+    # Gloo's rendezvous through a file no other run uses: no port to pick; its data still goes over TCP
+    gloo_init = (scratch / f"gloo-{index}").as_uri()
     argv = [sys.executable, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job", job,
             "--length", str(args.length), "--density", str(density), "--workers", str(args.workers),
             "--modes", ",".join(args.modes), "--repeats", str(args.repeats), "--seed", str(index),
-            "--loss", str(args.loss)]
+            "--loss", str(args.loss), "--gloo-init", gloo_init]
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(args.workers)]
     try:
@@ -89,44 +100,63 @@ def _run_density(args: argparse.Namespace, controller: str, client: Any, density
     return _summarize(args, density, rows)
 
 
+def _largest(ranks: list[dict], key: str) -> float | None:
+    """The largest of the ranks' ``key``; None where the row does not measure it (Gloo's bytes)."""
+    values = [r[key] for r in ranks]
+    return None if None in values else max(values)
+
+
 def _summarize(args: argparse.Namespace, density: float, rows: list[dict]) -> list[dict]:
     by_mode: dict[str, list[dict]] = {}
     for row in rows:
         by_mode.setdefault(row["mode"], []).append(row)
-    dense_s = max(r["seconds"] for r in by_mode["dense"])
+    dense_s, gloo_s = (max(r["seconds"] for r in by_mode[baseline]) for baseline in BASELINES)
     results = []
-    for mode in args.modes:
+    for mode in [*args.modes, "gloo"]:
         ranks = by_mode[mode]
         seconds = max(r["seconds"] for r in ranks)
+        retransmissions = [r["retransmissions"] for r in ranks]
         results.append({
             "mode": mode, "chosen": sorted({r["chosen"] for r in ranks}), "length": args.length,
             "density": density, "workers": args.workers, "seconds": seconds,
             "elements_per_s": args.length / seconds, "dense_elements_per_s": args.length / dense_s,
-            "speedup_vs_dense": dense_s / seconds,
-            "bytes_per_worker": max(r["bytes_per_worker"] for r in ranks),
-            "retransmissions": sum(r["retransmissions"] for r in ranks),
-            "encode_s": max(r["encode_s"] for r in ranks), "network_s": max(r["network_s"] for r in ranks),
-            "decode_s": max(r["decode_s"] for r in ranks), "loss": args.loss,
-            "exact": all(r["exact"] for r in ranks),
+            "gloo_elements_per_s": args.length / gloo_s,
+            "speedup_vs_dense": dense_s / seconds, "speedup_vs_gloo": gloo_s / seconds,
+            "bytes_per_worker": _largest(ranks, "bytes_per_worker"),
+            "retransmissions": None if None in retransmissions else sum(retransmissions),
+            "encode_s": _largest(ranks, "encode_s"), "network_s": _largest(ranks, "network_s"),
+            "decode_s": _largest(ranks, "decode_s"), "loss": args.loss,
+            "reference": ranks[0]["reference"], "exact": all(r["exact"] for r in ranks),
+            "max_error": worst([r["max_error"] for r in ranks]), "tolerance": ranks[0]["tolerance"],
+            # NaN compares false: a NaN anywhere fails the check
+            "within_tolerance": all(r["max_error"] <= r["tolerance"] for r in ranks),
         })
     return results
 
 
 def _plot(results: list[dict], path: Path) -> None:
+    """Speedup against density, over dense through the switch (left) and over Gloo (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    figure, axes = plt.subplots(figsize=(6, 4))
-    for mode in sorted({r["mode"] for r in results} - {"dense"}):
-        points = sorted((r["density"], r["speedup_vs_dense"]) for r in results if r["mode"] == mode)
-        axes.plot(*zip(*points, strict=True), marker="o", label=mode)
-    axes.axhline(1.0, color="grey", linestyle="--", label="dense")
-    axes.set(xscale="log", xlabel="density per worker", ylabel="speedup over dense",
-             title=f"aggregation through softswitch, W={results[0]['workers']}")
-    axes.legend()
-    axes.grid(alpha=0.3)
+    colors = {mode: f"C{i}" for i, mode in enumerate([*MODES, "gloo"])}  # a mode's color in both panels
+    figure, panels = plt.subplots(1, 2, figsize=(11, 4))
+    for axes, baseline in zip(panels, BASELINES, strict=True):
+        for mode in sorted({r["mode"] for r in results} - {baseline}):
+            points = sorted((r["density"], r[f"speedup_vs_{baseline}"]) for r in results if r["mode"] == mode)
+            style = "--" if mode in BASELINES else "-"  # the other baseline
+            axes.plot(*zip(*points, strict=True), marker="o", linestyle=style, color=colors[mode], label=mode)
+        axes.axhline(1.0, color=colors[baseline], linestyle=":", label=baseline)
+        # log speedups: Gloo and the switch's modes lie orders of magnitude apart on a Python switch
+        axes.set(xscale="log", yscale="log", xlabel="density per worker", ylabel=f"speedup over {baseline}",
+                 title=f"over {baseline}, W={results[0]['workers']}, {results[0]['length']:,} elements")
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axes.yaxis.set_minor_formatter(NullFormatter())
+        axes.legend()
+        axes.grid(alpha=0.3)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -146,10 +176,11 @@ def run(args: argparse.Namespace) -> int:
             state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lhc-bench-")))
             controller = stack.enter_context(ControllerProcess(switch, state))
             address, client = controller.listen, controller.client
+        scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lhc-bench-gloo-")))
         for index, density in enumerate(tqdm(args.density, desc="densities", disable=args.json)):
-            for row in _run_density(args, address, client, density, index):
+            for row in _run_density(args, address, client, density, index, scratch):
                 results.append(row)
                 print(json.dumps(row), flush=True)
     if args.plot:
         _plot(results, args.plot)
-    return 0 if all(r["exact"] for r in results) else 1
+    return 0 if all(r["within_tolerance"] for r in results) else 1

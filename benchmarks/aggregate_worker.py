@@ -1,12 +1,13 @@
 """One worker process of ``lhc-bench aggregate``: join the job, aggregate its bucket in each mode, report.
 
     python -m benchmarks.aggregate_worker --controller ADDR --job NAME --length N --density D
-        --workers W --modes dense,sketch --repeats R --seed S [--loss P]
+        --workers W --modes dense,sketch --repeats R --seed S [--loss P] [--gloo-init URL]
 
 Every worker derives every worker's input from the seed, so each one checks its own results exactly
 against the plain sum of the quantized inputs. Each timed call starts after a one-word aggregation that
 lines the workers up; one untimed call per mode first gives the codec its steady-state sizes. Prints one
-JSON line per mode on stdout.
+JSON line per mode on stdout; with ``--gloo-init``, then one for the same buckets allreduced by Gloo
+(``benchmarks.aggregate_gloo``), the agent's rank becoming the process group's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 
 import torch
 
+from benchmarks.aggregate_gloo import gloo_row, worst
 from host_agent.agent import Agent
 from host_agent.transport.channel import Impairment
 
@@ -52,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss", type=float, default=0.0)
     parser.add_argument("--ip", default="127.0.0.1", help="this worker's data-plane IPv4")
     parser.add_argument("--host", default="", help="join as this topology host")
+    parser.add_argument("--gloo-init", help="also allreduce with Gloo, rendezvous at this init_method URL")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     impairment = Impairment(loss=args.loss, duplicate=0.0)
@@ -62,22 +65,28 @@ def main(argv: list[str] | None = None) -> int:
         line_up = torch.zeros(1, dtype=torch.int32)
         for mode in args.modes.split(","):
             agent.allreduce(mine, mode=mode, key=mode)  # steady-state sizes and scale for this mode
-            times, exact, result = [], True, None
+            times, exact, errors, result = [], True, [], None
             before = agent.backend.counters().get("retransmissions", 0)
             for _ in range(args.repeats):
                 agent.allreduce(line_up, mode="dense", key="line-up")
                 started = time.perf_counter()
                 result = agent.allreduce(mine, mode=mode, key=mode)
                 times.append(time.perf_counter() - started)
-                exact &= torch.equal(result.total, expected(everyone, result.stats["codec"]["scale"]))
+                reference = expected(everyone, result.stats["codec"]["scale"])
+                exact &= torch.equal(result.total, reference)
+                errors.append((result.total - reference).abs().max().item())
             stats = result.stats
             print(json.dumps({
                 "mode": mode, "chosen": stats["mode"], "rank": agent.rank, "seconds": min(times),
-                "bytes_per_worker": stats["bytes_sent"], "packets": stats["packets"],
+                # lossless: the result must equal the sum of the quantized inputs bit for bit
+                "reference": "quantized integer sum", "exact": exact, "max_error": worst(errors),
+                "tolerance": 0.0, "bytes_per_worker": stats["bytes_sent"], "packets": stats["packets"],
                 "retransmissions": agent.backend.counters().get("retransmissions", 0) - before,
                 "encode_s": stats["encode_s"], "network_s": stats["network_s"], "decode_s": stats["decode_s"],
-                "exact": exact,
             }), flush=True)
+        rank = agent.rank
+    if args.gloo_init:  # after the agent has left: its I/O thread no longer shares the cores
+        print(json.dumps(gloo_row(mine, everyone, rank, args.gloo_init, args.repeats)), flush=True)
     return 0
 
 

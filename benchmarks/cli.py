@@ -13,7 +13,7 @@ import sys
 SUITES = {
     "codec": ("benchmarks.codec", "encode/decode speed and bytes on the wire vs memcpy and the info bound"),
     "switch": ("benchmarks.switch", "softswitch packets and aggregated words per second over UDP"),
-    "aggregate": ("benchmarks.aggregate", "lhc against dense aggregation through softswitch, W processes"),
+    "aggregate": ("benchmarks.aggregate", "lhc against dense via softswitch and Gloo allreduce, W processes"),
     "udp": ("benchmarks.udp", "datagrams per second through the worker's channel, batched or one at a time"),
 }
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from host_agent.torch_hook import LhcHookState, lhc_hook
-from lhc_demo.recsys import DemoConfig, Recommender, SyntheticClicks
+from lhc_demo.recsys import DemoConfig, Recommender, SyntheticClicks, make_optimizer
 
 
 def main() -> None:
@@ -38,7 +37,7 @@ def main() -> None:
     else:
         state = LhcHookState.from_process_group()
     model.register_comm_hook(state, lhc_hook)
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    optimizer = make_optimizer(model.module, config)
     for step in range(args.steps):
         users, items, clicked = data.batch(rank, step)
         loss = F.binary_cross_entropy_with_logits(model(users, items), clicked)

@@ -5,7 +5,8 @@ of the users and items in its batch. With Zipf popularity a worker's batch touch
 so DDP's dense gradient buckets are about 99% zeros: the case lossless homomorphic compression is for.
 
 Everything is a pure function of the seed, the rank and the step, so the three runs of the demo (DDP
-allreduce, dense through the switch, lhc through the switch) see exactly the same batches.
+allreduce, dense through the switch, lhc through the switch) see exactly the same batches, and the same
+held-out set on which the demo measures what the model learned.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from torch import nn
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Model and data sizes. The defaults give about 1% of embedding rows per worker and step."""
+    """Model and data sizes. The defaults give about 1% of embedding rows per worker and step, and a
+    held-out AUC near 0.77 after the demo's 20 steps with 4 workers."""
 
     users: int = 20_000
     items: int = 20_000
@@ -26,7 +28,14 @@ class DemoConfig:
     hidden: int = 32
     batch: int = 256
     zipf: float = 0.9
-    lr: float = 1.0
+    #: SGD's learning rate for the MLP.
+    lr: float = 2.0
+    #: SGD's learning rate for the embedding tables. A row's gradient is its few samples' share of a mean
+    #: over the whole global batch (W * batch samples), so at the MLP's rate the tables would barely move
+    #: in the demo's steps; this rate lets the popular rows learn within them (and stays stable).
+    embedding_lr: float = 600.0
+    #: samples in the held-out set
+    held_out: int = 8192
     seed: int = 0
 
     def to_dict(self) -> dict:
@@ -59,6 +68,15 @@ class Recommender(nn.Module):
         return self.mlp(features).squeeze(1)
 
 
+def make_optimizer(model: Recommender, config: DemoConfig) -> torch.optim.SGD:
+    """Plain SGD (linear in the gradients, so the runs' small differences in summing them stay small),
+    with the tables at ``config.embedding_lr`` and the MLP at ``config.lr``."""
+    tables = [*model.users.parameters(), *model.items.parameters()]
+    return torch.optim.SGD(
+        [{"params": tables, "lr": config.embedding_lr}, {"params": model.mlp.parameters()}], lr=config.lr
+    )
+
+
 def _zipf_weights(count: int, exponent: float) -> torch.Tensor:
     ranks = torch.arange(1, count + 1, dtype=torch.float64)
     return ranks.pow(-exponent)
@@ -67,7 +85,10 @@ def _zipf_weights(count: int, exponent: float) -> torch.Tensor:
 class SyntheticClicks:
     """Batches of (user, item, clicked). Popularity follows Zipf; a hidden affinity (an item's quality
     plus how user and item tastes agree) decides the label, so the model has something real to learn: the
-    popular items' embeddings first, and the loss falls within the demo's steps."""
+    popular items' embeddings first, and the held-out AUC rises within the demo's steps."""
+
+    #: The sample stream of this (never a worker's) rank is the held-out set; workers' ranks lie below it.
+    HELD_OUT_RANK = 1023
 
     def __init__(self, config: DemoConfig) -> None:
         self.config = config
@@ -83,8 +104,17 @@ class SyntheticClicks:
 
     def batch(self, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Worker ``rank``'s batch at ``step``: the same on every run."""
+        if not 0 <= rank < self.HELD_OUT_RANK:
+            raise ValueError(f"rank {rank} outside 0..{self.HELD_OUT_RANK - 1}")
+        return self._draw(rank, step, self.config.batch)
+
+    def held_out(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``config.held_out`` samples from the same process on a seed no training batch uses (a popular
+        pair may still occur in both, as it would in held-out clicks of real users)."""
+        return self._draw(self.HELD_OUT_RANK, 0, self.config.held_out)
+
+    def _draw(self, rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         generator = torch.Generator().manual_seed((self.config.seed * 1_000_003 + step) * 1024 + rank)
-        size = self.config.batch
         users = self._user_ids[torch.multinomial(self._user_weights, size, True, generator=generator)]
         items = self._item_ids[torch.multinomial(self._item_weights, size, True, generator=generator)]
         affinity = (self._user_taste[users] * self._item_taste[items]).sum(1) + self._item_quality[items]

@@ -46,6 +46,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     lhc_bytes, dense_bytes = bytes_per_step(lhc), bytes_per_step(dense)
     return {
         "losses_match": all(a["losses"] == b["losses"] for a, b in zip(lhc, dense, strict=True)),
+        "aucs_match": lhc[0]["auc"] == dense[0]["auc"],
         "max_loss_diff_vs_ddp": max(abs(a - b) for a, b in zip(lhc_losses, ddp_losses, strict=True)),
         "bytes_ratio": dense_bytes / lhc_bytes if lhc_bytes else float("inf"),
         "step_speedup_vs_dense": times["dense"] / times["lhc"],
@@ -54,30 +55,39 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         "bytes_per_step": {"dense": dense_bytes, "lhc": lhc_bytes},
         "aggregate_s": {name: steady_mean(runs[name][0]["aggregate_s"]) for name in ("dense", "lhc")},
         "final_loss": {"ddp": ddp_losses[-1], "dense": dense_losses[-1], "lhc": lhc_losses[-1]},
+        # held-out ROC AUC (0.5 is chance): of the untrained model (the same in every run), after the
+        # first step and after the last
+        "initial_auc": ddp[0]["initial_auc"],
+        "first_auc": {name: ranks[0]["auc"][0] for name, ranks in runs.items()},
+        "last_auc": {name: ranks[0]["auc"][-1] for name, ranks in runs.items()},
         "workers": lhc[0]["world"],
         "steps": len(lhc_losses),
     }
 
 
 def plot(runs: dict[str, list[dict]], path: Path) -> None:
-    """Loss curves, bytes per step and step times of the three runs, in one PNG."""
+    """Loss curves, held-out AUC, bytes per step and step times of the three runs, in one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (losses, wire, times) = plt.subplots(1, 3, figsize=(15, 4))
+    figure, ((losses, auc), (wire, times)) = plt.subplots(2, 2, figsize=(12, 8))
     for name, ranks in runs.items():
         color = COLORS.get(name)
         losses.plot(mean_losses(ranks[0]), label=name, color=color)
+        # x = steps done: the untrained model at 0, after step s at s + 1
+        auc.plot([ranks[0]["initial_auc"], *ranks[0]["auc"]], label=name, color=color)
         per_step = [max(step) for step in zip(*(r["step_s"] for r in ranks), strict=True)]
         times.plot(per_step, label=name, color=color)
         if ranks[0]["bytes_per_step"]:
             wire.plot([b / 1e6 for b in ranks[0]["bytes_per_step"]], label=name, color=color)
     losses.set(title="training loss (mean over workers)", xlabel="step", ylabel="BCE loss")
+    auc.axhline(0.5, color="grey", linestyle="--", label="chance")
+    auc.set(title="held-out ROC AUC", xlabel="steps done", ylabel="AUC")
     wire.set(title="bytes on the wire per worker and step", xlabel="step", ylabel="MB")
     times.set(title="step time (slowest worker)", xlabel="step", ylabel="seconds")
-    for axes in (losses, wire, times):
+    for axes in (losses, auc, wire, times):
         axes.legend()
         axes.grid(alpha=0.3)
     figure.tight_layout()

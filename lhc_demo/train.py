@@ -5,8 +5,9 @@
 3. ``lhc``: the lhc DDP hook through the switch (lossless homomorphic compression, mode ``auto``).
 
 The switch is softswitch on UDP over loopback, admitted jobs come from the controller; the demo starts
-and stops both, so nothing needs root or a P4 toolchain. It prints the per-step losses and costs, writes a
-plot and the ranks' raw results to ``--out``, and ends with one JSON summary line (``lhc_demo.summary``).
+and stops both, so nothing needs root or a P4 toolchain. It prints the per-step losses, held-out AUCs and
+costs, writes a plot and the ranks' raw results to ``--out``, and ends with one JSON summary line
+(``lhc_demo.summary``).
 
     python -m lhc_demo.train [--workers 4] [--steps 20] [--out build/demo] [--json] [model options]
 """
@@ -102,9 +103,11 @@ def run_once(args: argparse.Namespace, run: str, controller: ControllerProcess, 
 def _print_table(runs: dict[str, list[dict]]) -> None:
     losses = {name: summary.mean_losses(ranks[0]) for name, ranks in runs.items()}
     print(f"{'step':>4} " + " ".join(f"{name + ' loss':>14}" for name in runs)
+          + " " + " ".join(f"{name + ' auc':>9}" for name in runs)
           + f" {'dense MB':>9} {'lhc MB':>8} " + " ".join(f"{name + ' s':>8}" for name in runs))
     for step in range(len(losses["lhc"])):
         row = f"{step:>4} " + " ".join(f"{losses[name][step]:>14.8f}" for name in runs)
+        row += " " + " ".join(f"{ranks[0]['auc'][step]:>9.4f}" for ranks in runs.values())
         row += f" {runs['dense'][0]['bytes_per_step'][step] / 1e6:>9.3f}"
         row += f" {runs['lhc'][0]['bytes_per_step'][step] / 1e6:>8.3f} "
         row += " ".join(f"{max(r['step_s'][step] for r in runs[name]):>8.3f}" for name in runs)

@@ -21,7 +21,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from lhc_demo.recsys import DemoConfig, Recommender, SyntheticClicks
+from lhc_demo.metrics import roc_auc
+from lhc_demo.recsys import DemoConfig, Recommender, SyntheticClicks, make_optimizer
 
 RUNS = ("ddp", "dense", "lhc")
 #: The hook's codec mode per run: dense aggregation through the switch is the SwitchML/ATP baseline.
@@ -73,15 +74,26 @@ def _attach_hook(model: DistributedDataParallel, args: argparse.Namespace):
     return state
 
 
+def _held_out_auc(model: Recommender, held_out: tuple[torch.Tensor, ...]) -> float:
+    """The model's ROC AUC on the held-out set. Every rank computes it, outside the timed step: the
+    replicas are equal, and a rank evaluating alone would make the others wait in the next allreduce."""
+    users, items, clicked = held_out
+    with torch.no_grad():
+        return roc_auc(model(users, items), clicked)
+
+
 def train(args: argparse.Namespace) -> dict:
-    """Train ``args.steps`` steps; the per-step losses of every rank and the times of this one."""
+    """Train ``args.steps`` steps; the per-step losses of every rank, this rank's times and its held-out
+    AUC before training and after every step."""
     torch.set_num_threads(1)
     config = config_from(args)
     data = SyntheticClicks(config)
+    held_out = data.held_out()
     model = DistributedDataParallel(Recommender(config))
     state = _attach_hook(model, args) if args.run != "ddp" else None
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    losses, step_s, wire_bytes, aggregate_s = [], [], [], []
+    optimizer = make_optimizer(model.module, config)
+    initial_auc = _held_out_auc(model.module, held_out)
+    losses, step_s, wire_bytes, aggregate_s, auc = [], [], [], [], []
     for step in range(args.steps):
         users, items, clicked = data.batch(args.rank, step)
         started = time.perf_counter()
@@ -91,8 +103,9 @@ def train(args: argparse.Namespace) -> dict:
         optimizer.step()
         step_s.append(time.perf_counter() - started)
         losses.append(loss.item())
+        auc.append(_held_out_auc(model.module, held_out))
         if args.progress:
-            print(f"step {step} loss {losses[-1]:.6f} {step_s[-1]:.3f}s", flush=True)
+            print(f"step {step} loss {losses[-1]:.6f} auc {auc[-1]:.4f} {step_s[-1]:.3f}s", flush=True)
         if state is not None:
             step_stats = state.pop_step_stats()
             wire_bytes.append(step_stats["bytes_sent"])
@@ -109,6 +122,8 @@ def train(args: argparse.Namespace) -> dict:
         "step_s": step_s,
         "bytes_per_step": wire_bytes,
         "aggregate_s": aggregate_s,
+        "initial_auc": initial_auc,
+        "auc": auc,
         "config": config.to_dict(),
     }
 

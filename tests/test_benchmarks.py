@@ -5,10 +5,16 @@ They measure nothing here: speed is read from `make bench`, never asserted in a 
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+from pathlib import Path
 
 import pytest
+import torch
 
+from benchmarks import aggregate
+from benchmarks.aggregate_gloo import float_sum_check
 from benchmarks.cli import main
 
 CODEC_FIELDS = {
@@ -75,3 +81,67 @@ def test_udp_benchmark_refuses_bad_arguments_by_name(bad: list[str], capsys) -> 
         main(["udp", *bad])
     assert exit_info.value.code == 2
     assert bad[0] in capsys.readouterr().err
+
+
+AGGREGATE_FIELDS = {
+    "mode", "seconds", "elements_per_s", "dense_elements_per_s", "gloo_elements_per_s", "speedup_vs_dense",
+    "speedup_vs_gloo", "bytes_per_worker", "reference", "exact", "max_error", "tolerance", "within_tolerance",
+}
+
+
+def test_aggregate_benchmark_has_a_gloo_row_beside_the_switch_modes(capsys, tmp_path: Path) -> None:
+    plot = tmp_path / "aggregate.png"
+    argv = ["aggregate", "--length", "20000", "--density", "0.01", "--workers", "2",
+            "--modes", "dense,sketch", "--repeats", "1", "--json", "--plot", str(plot)]
+    assert main(argv) == 0
+    rows = {r["mode"]: r for r in _json_lines(capsys.readouterr().out)}
+    assert list(rows) == ["dense", "sketch", "gloo"]
+    for row in rows.values():
+        assert row.keys() >= AGGREGATE_FIELDS, row
+        assert row["within_tolerance"] is True
+        # the speedups are time ratios against the baselines' rows of the same run
+        assert row["speedup_vs_dense"] == pytest.approx(rows["dense"]["seconds"] / row["seconds"])
+        assert row["speedup_vs_gloo"] == pytest.approx(rows["gloo"]["seconds"] / row["seconds"])
+    gloo = rows["gloo"]
+    assert gloo["speedup_vs_gloo"] == 1.0 and gloo["tolerance"] > 0 and gloo["bytes_per_worker"] is None
+    assert gloo["max_error"] <= gloo["tolerance"]
+    for mode in ("dense", "sketch"):
+        assert rows[mode]["exact"] is True and rows[mode]["max_error"] == rows[mode]["tolerance"] == 0.0
+    assert plot.stat().st_size > 0
+
+
+def test_float_sum_check_allows_rounding_and_catches_a_wrong_sum() -> None:
+    generator = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(4096, generator=generator) * 10.0 ** (i % 4 - 2) for i in range(8)]  # |x| <~ 400
+    forward, backward = torch.zeros(4096), torch.zeros(4096)
+    for x in inputs:
+        forward += x
+    for x in reversed(inputs):
+        backward += x
+    for total in (forward, backward):  # float32 sums in two orders: rounding, not errors
+        check = float_sum_check(total, inputs)
+        assert check["max_error"] <= check["tolerance"]
+    assert not (float_sum_check(forward, inputs)["exact"] and float_sum_check(backward, inputs)["exact"])
+    wrong = forward.clone()
+    wrong[17] += 1e-2  # the tolerance: 8 workers * 2^-24 * sum|x| <~ 2e-4
+    assert float_sum_check(wrong, inputs)["max_error"] > float_sum_check(wrong, inputs)["tolerance"]
+    missing = sum(inputs[1:], torch.zeros(4096))  # a worker's contribution lost
+    assert float_sum_check(missing, inputs)["max_error"] > float_sum_check(missing, inputs)["tolerance"]
+
+
+@pytest.mark.parametrize("error", [1e-6, math.nan])
+def test_aggregate_summary_fails_a_gloo_row_beyond_its_tolerance(error: float) -> None:
+    args = argparse.Namespace(modes=["dense"], length=100, workers=2, loss=0.0)
+    switch = {"chosen": "dense", "seconds": 2.0, "bytes_per_worker": 500, "retransmissions": 0,
+              "encode_s": 0.1, "network_s": 1.8, "decode_s": 0.1, "reference": "quantized integer sum",
+              "exact": True, "max_error": 0.0, "tolerance": 0.0}
+    gloo = {"chosen": "gloo", "seconds": 0.5, "bytes_per_worker": None, "retransmissions": None,
+            "encode_s": None, "network_s": None, "decode_s": None, "reference": "float64 sum",
+            "exact": False, "max_error": 1e-9, "tolerance": 1e-8}
+    rows = [{**switch, "mode": "dense"}, {**switch, "mode": "dense"}, {**gloo, "mode": "gloo"},
+            {**gloo, "mode": "gloo", "max_error": error}]
+    dense_row, gloo_row = aggregate._summarize(args, 0.01, rows)
+    assert dense_row["within_tolerance"] is True and dense_row["speedup_vs_gloo"] == 0.25
+    assert gloo_row["speedup_vs_dense"] == 4.0 and gloo_row["bytes_per_worker"] is None
+    assert gloo_row["within_tolerance"] is False
+    assert gloo_row["max_error"] == error or (math.isnan(error) and math.isnan(gloo_row["max_error"]))
