@@ -10,6 +10,11 @@ within float rounding: ``benchmarks.aggregate_gloo``). One JSON object per (dens
 slowest worker's time); ``speedup_vs_dense`` and ``speedup_vs_gloo`` divide dense's and Gloo's times by
 the mode's. ``max_error`` is the largest difference from the row's ``reference``; ``within_tolerance``
 says it is at most ``tolerance`` (0 for the switch's modes, which must be ``exact``).
+
+With ``--loss P`` the agents' sockets drop datagrams with probability P both ways (counted: ``dropped``)
+in a second pass of the same run; its rows carry ``time_vs_lossless`` (the mode's time over its lossless
+time) and the retransmissions by kind (``fast_retransmissions`` found from the gap in the results,
+``timer_retransmissions`` by a timer). ``--engine`` picks the agents' packet engine.
 """
 
 from __future__ import annotations
@@ -47,6 +52,13 @@ def _modes(text: str) -> list[str]:
     return ["dense", *[m for m in modes if m != "dense"]]  # dense is the baseline of every speedup
 
 
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"a loss probability lies in [0, 1), got {text}")
+    return value
+
+
 def _bounded(low: int, high: int):
     def parse(text: str) -> int:
         value = int(text)
@@ -66,23 +78,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated modes; dense is always run (default dense,sketch,auto)")
     parser.add_argument("--repeats", type=_bounded(1, 100), default=2,
                         help="timed calls per mode, the fastest counts (default %(default)s)")
-    parser.add_argument("--loss", type=float, default=0.0,
-                        help="datagram loss probability at every agent's socket, both ways (default 0)")
+    parser.add_argument("--loss", type=_probability, default=0.0,
+                        help="datagram loss probability at every agent's socket, both ways (default 0); the "
+                             "same run measures every mode without loss too, and the lossy rows give "
+                             "time_vs_lossless")
+    parser.add_argument("--engine", choices=("native", "python"),
+                        help="the agents' packet engine (default: native where it is built)")
     parser.add_argument("--controller", help="use this running controller instead of starting one")
     parser.add_argument("--json", action="store_true", help="JSON lines only (no progress bar)")
     parser.add_argument("--plot", type=Path, help="write speedup against density to this PNG")
 
 
-def _run_density(args: argparse.Namespace, controller: str, client: Any, density: float, index: int,
-                 scratch: Path) -> list[dict]:
-    job = f"bench-{index}-{density}"
+def _run_pass(args: argparse.Namespace, controller: str, client: Any, density: float, index: int,
+              scratch: Path, loss: float) -> list[dict]:
+    """One job of W workers through every mode at ``loss``; the Gloo row too in the lossless pass."""
+    job = f"bench-{index}-{density}-{loss}"
     client.create_job(job, workers=args.workers)
-    # Gloo's rendezvous through a file no other run uses: no port to pick; its data still goes over TCP
-    gloo_init = (scratch / f"gloo-{index}").as_uri()
     argv = [sys.executable, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job", job,
             "--length", str(args.length), "--density", str(density), "--workers", str(args.workers),
             "--modes", ",".join(args.modes), "--repeats", str(args.repeats), "--seed", str(index),
-            "--loss", str(args.loss), "--gloo-init", gloo_init]
+            "--loss", str(loss)]
+    if args.engine:
+        argv += ["--engine", args.engine]
+    if loss == 0:
+        # Gloo's rendezvous through a file no other run uses: no port to pick; its data still goes over TCP
+        argv += ["--gloo-init", (scratch / f"gloo-{index}").as_uri()]
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(args.workers)]
     try:
@@ -96,8 +116,23 @@ def _run_density(args: argparse.Namespace, controller: str, client: Any, density
     for proc, (_, err) in zip(procs, outputs, strict=True):
         if proc.returncode != 0:
             raise RuntimeError(f"a worker failed at density {density}:\n{err[-3000:]}")
-    rows = [json.loads(line) for out, _ in outputs for line in out.splitlines() if line.startswith("{")]
-    return _summarize(args, density, rows)
+    return [json.loads(line) for out, _ in outputs for line in out.splitlines() if line.startswith("{")]
+
+
+def _run_density(args: argparse.Namespace, controller: str, client: Any, density: float, index: int,
+                 scratch: Path) -> list[dict]:
+    """The lossless pass (with Gloo), and with ``--loss`` the lossy one, summarized against it."""
+    lossless = _summarize(args, density, _run_pass(args, controller, client, density, index, scratch, 0.0),
+                          0.0, None)
+    if not args.loss:
+        return lossless
+    gloo = next(row for row in lossless if row["mode"] == "gloo")
+    lossy = _summarize(args, density, _run_pass(args, controller, client, density, index, scratch, args.loss),
+                       args.loss, gloo["seconds"])
+    clean = {row["mode"]: row["seconds"] for row in lossless}
+    for row in lossy:
+        row["time_vs_lossless"] = row["seconds"] / clean[row["mode"]]
+    return lossless + lossy
 
 
 def _largest(ranks: list[dict], key: str) -> float | None:
@@ -106,16 +141,25 @@ def _largest(ranks: list[dict], key: str) -> float | None:
     return None if None in values else max(values)
 
 
-def _summarize(args: argparse.Namespace, density: float, rows: list[dict]) -> list[dict]:
+def _summed(ranks: list[dict], key: str) -> int | None:
+    """The ranks' ``key`` summed; None where the row does not count it (Gloo's retransmissions)."""
+    values = [r.get(key) for r in ranks]
+    return None if None in values else sum(values)
+
+
+def _summarize(args: argparse.Namespace, density: float, rows: list[dict], loss: float,
+               gloo_s: float | None) -> list[dict]:
+    """One row per mode; ``gloo_s``: Gloo's time where this pass has no Gloo row (a lossy pass)."""
     by_mode: dict[str, list[dict]] = {}
     for row in rows:
         by_mode.setdefault(row["mode"], []).append(row)
-    dense_s, gloo_s = (max(r["seconds"] for r in by_mode[baseline]) for baseline in BASELINES)
+    dense_s = max(r["seconds"] for r in by_mode["dense"])
+    if gloo_s is None:
+        gloo_s = max(r["seconds"] for r in by_mode["gloo"])
     results = []
-    for mode in [*args.modes, "gloo"]:
+    for mode in [m for m in [*args.modes, "gloo"] if m in by_mode]:
         ranks = by_mode[mode]
         seconds = max(r["seconds"] for r in ranks)
-        retransmissions = [r["retransmissions"] for r in ranks]
         results.append({
             "mode": mode, "chosen": sorted({r["chosen"] for r in ranks}), "length": args.length,
             "density": density, "workers": args.workers, "seconds": seconds,
@@ -123,9 +167,12 @@ def _summarize(args: argparse.Namespace, density: float, rows: list[dict]) -> li
             "gloo_elements_per_s": args.length / gloo_s,
             "speedup_vs_dense": dense_s / seconds, "speedup_vs_gloo": gloo_s / seconds,
             "bytes_per_worker": _largest(ranks, "bytes_per_worker"),
-            "retransmissions": None if None in retransmissions else sum(retransmissions),
+            "retransmissions": _summed(ranks, "retransmissions"),
+            "fast_retransmissions": _summed(ranks, "fast_retransmissions"),
+            "timer_retransmissions": _summed(ranks, "timer_retransmissions"),
+            "packets": _summed(ranks, "packets"), "dropped": _summed(ranks, "dropped"),
             "encode_s": _largest(ranks, "encode_s"), "network_s": _largest(ranks, "network_s"),
-            "decode_s": _largest(ranks, "decode_s"), "loss": args.loss,
+            "decode_s": _largest(ranks, "decode_s"), "loss": loss, "engine": args.engine or "default",
             "reference": ranks[0]["reference"], "exact": all(r["exact"] for r in ranks),
             "max_error": worst([r["max_error"] for r in ranks]), "tolerance": ranks[0]["tolerance"],
             # NaN compares false: a NaN anywhere fails the check
@@ -144,9 +191,10 @@ def _plot(results: list[dict], path: Path) -> None:
 
     colors = {mode: f"C{i}" for i, mode in enumerate([*MODES, "gloo"])}  # a mode's color in both panels
     figure, panels = plt.subplots(1, 2, figsize=(11, 4))
+    clean = [r for r in results if r["loss"] == 0]
     for axes, baseline in zip(panels, BASELINES, strict=True):
-        for mode in sorted({r["mode"] for r in results} - {baseline}):
-            points = sorted((r["density"], r[f"speedup_vs_{baseline}"]) for r in results if r["mode"] == mode)
+        for mode in sorted({r["mode"] for r in clean} - {baseline}):
+            points = sorted((r["density"], r[f"speedup_vs_{baseline}"]) for r in clean if r["mode"] == mode)
             style = "--" if mode in BASELINES else "-"  # the other baseline
             axes.plot(*zip(*points, strict=True), marker="o", linestyle=style, color=colors[mode], label=mode)
         axes.axhline(1.0, color=colors[baseline], linestyle=":", label=baseline)

@@ -1,7 +1,7 @@
 """One worker process of ``lhc-bench aggregate``: join the job, aggregate its bucket in each mode, report.
 
     python -m benchmarks.aggregate_worker --controller ADDR --job NAME --length N --density D
-        --workers W --modes dense,sketch --repeats R --seed S [--loss P] [--gloo-init URL]
+        --workers W --modes dense,sketch --repeats R --seed S [--loss P] [--engine E] [--gloo-init URL]
 
 Every worker derives every worker's input from the seed, so each one checks its own results exactly
 against the plain sum of the quantized inputs. Each timed call starts after a one-word aggregation that
@@ -54,19 +54,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss", type=float, default=0.0)
     parser.add_argument("--ip", default="127.0.0.1", help="this worker's data-plane IPv4")
     parser.add_argument("--host", default="", help="join as this topology host")
+    parser.add_argument("--engine", choices=("native", "python"), help="the agents' packet engine")
     parser.add_argument("--gloo-init", help="also allreduce with Gloo, rendezvous at this init_method URL")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     impairment = Impairment(loss=args.loss, duplicate=0.0)
     with Agent.join(args.controller, args.job, impairment=impairment, timeout_s=120.0, ip=args.ip,
-                    host=args.host) as agent:
+                    host=args.host, engine=args.engine) as agent:
         mine = bucket(agent.rank, args.length, args.density, args.seed)
         everyone = [bucket(r, args.length, args.density, args.seed) for r in range(args.workers)]
         line_up = torch.zeros(1, dtype=torch.int32)
         for mode in args.modes.split(","):
             agent.allreduce(mine, mode=mode, key=mode)  # steady-state sizes and scale for this mode
             times, exact, errors, result = [], True, [], None
-            before = agent.backend.counters().get("retransmissions", 0)
+            before = agent.backend.counters()
             for _ in range(args.repeats):
                 agent.allreduce(line_up, mode="dense", key="line-up")
                 started = time.perf_counter()
@@ -76,12 +77,16 @@ def main(argv: list[str] | None = None) -> int:
                 exact &= torch.equal(result.total, reference)
                 errors.append((result.total - reference).abs().max().item())
             stats = result.stats
+            counted = {name: value - before.get(name, 0) for name, value in agent.backend.counters().items()}
             print(json.dumps({
                 "mode": mode, "chosen": stats["mode"], "rank": agent.rank, "seconds": min(times),
                 # lossless: the result must equal the sum of the quantized inputs bit for bit
                 "reference": "quantized integer sum", "exact": exact, "max_error": worst(errors),
                 "tolerance": 0.0, "bytes_per_worker": stats["bytes_sent"], "packets": stats["packets"],
-                "retransmissions": agent.backend.counters().get("retransmissions", 0) - before,
+                "retransmissions": counted["retransmissions"],
+                "fast_retransmissions": counted["fast_retransmissions"],
+                "timer_retransmissions": counted["timer_retransmissions"],
+                "dropped": counted["dropped_out"] + counted["dropped_in"],
                 "encode_s": stats["encode_s"], "network_s": stats["network_s"], "decode_s": stats["decode_s"],
             }), flush=True)
         rank = agent.rank

@@ -183,12 +183,15 @@ class _WindowView:
 
 def make_engine(who: StreamIdentity, world_size: int, channel: Channel, timeout_s: float,
                 native: bool | None = None) -> ChannelEngine | NativeEngine:
-    """The native engine where built (``native`` None) or required (True: an error if not built)."""
+    """``native`` True: the native engine (an error if it is not built); False: the Python reference over
+    the channel; None: native where built, unless the channel was told to use Python I/O."""
     if native and _native is None:
         raise RuntimeError("the native packet engine (host_agent/transport/_engine.c) is not built")
-    if native is False or _native is None or channel.io.name != "native":
-        return ChannelEngine(who, world_size, channel, timeout_s)
-    return NativeEngine(who, world_size, channel, timeout_s)
+    if native is None:
+        native = _native is not None and channel.io.name == "native"
+    if native:
+        return NativeEngine(who, world_size, channel, timeout_s)
+    return ChannelEngine(who, world_size, channel, timeout_s)
 
 
 #: The constants the C engine must share with the reference (checked when the module loads).

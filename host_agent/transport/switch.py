@@ -41,7 +41,7 @@ class SwitchBackend(Backend):
     """One member of a job on the switch; see :meth:`join`."""
 
     def __init__(self, client: JobClient, job: str, joined: Joined, channel: Channel, *,
-                 timeout_s: float, heartbeat_s: float) -> None:
+                 timeout_s: float, heartbeat_s: float, engine: str | None = None) -> None:
         self.client = client
         self.job = job
         self.joined = joined
@@ -50,7 +50,7 @@ class SwitchBackend(Backend):
         self.channel = channel
         who = StreamIdentity(joined.job_id, joined.rank, joined.epoch, joined.slot_count)
         self.stream = PacketStream(channel, who, self.world_size, timeout_s=timeout_s,
-                                   diagnose=self._diagnose)
+                                   diagnose=self._diagnose, native=_engine_choice(engine))
         self._left = False
         self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change)
 
@@ -58,10 +58,13 @@ class SwitchBackend(Backend):
     def join(cls, controller: str, job: str, *, ip: str = "127.0.0.1", udp_port: int = 0, host: str = "",
              name: str = "", token: str | None = None, impairment: Impairment | None = None,
              timeout_s: float = 30.0, heartbeat_s: float = 0.5, install_timeout_s: float = 60.0,
-             world_size: int | None = None) -> SwitchBackend:
+             world_size: int | None = None, engine: str | None = None) -> SwitchBackend:
         """Join ``job`` on the controller at ``controller`` from ``ip:udp_port`` (0: a free port), or as
         topology host ``host``; returns once the job's entries are on the switch. ``world_size``: the
-        size the caller's run expects (its process group's); a job of another size is refused at once."""
+        size the caller's run expects (its process group's); a job of another size is refused at once.
+        ``engine``: the stream's per-packet engine, "native" (``_engine.c``), "python" (the reference) or
+        None (native where built)."""
+        _engine_choice(engine)
         client = JobClient(controller, token=token)
         channel = Channel((ip, udp_port), impairment=impairment or Impairment())
         try:
@@ -80,7 +83,7 @@ class SwitchBackend(Backend):
             channel.close()
             client.close()
             raise
-        return cls(client, job, joined, channel, timeout_s=timeout_s, heartbeat_s=heartbeat_s)
+        return cls(client, job, joined, channel, timeout_s=timeout_s, heartbeat_s=heartbeat_s, engine=engine)
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
         result: Future[torch.Tensor] = Future()
@@ -139,6 +142,14 @@ class SwitchBackend(Backend):
             f"{m.last_heartbeat_age_s:.1f} s ago)" for m in info.members if m.rank in ranks
         )
         return f"{what}; silent workers: {named or 'none known to the controller'}", ranks
+
+
+def _engine_choice(engine: str | None) -> bool | None:
+    """``PacketStream``'s ``native`` for an engine named by a user."""
+    choices = {None: None, "native": True, "python": False}
+    if engine not in choices:
+        raise ValueError(f"engine must be 'native', 'python' or None, not {engine!r}")
+    return choices[engine]
 
 
 def _silent_ranks(info: pb.JobInfo, exclude: int) -> tuple[int, ...]:

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 #: Bounds of the retransmission timer: the floor is only a guard against a clock's resolution; the path's
 #: own round trip sets the real floor.
-MIN_RTO_S = 0.0005
+MIN_RTO_S = 0.002
 MAX_RTO_S = 1.0
 INITIAL_RTO_S = 0.2
 #: The floor in round trips: a packet is not given up on before twice its path's smoothed round trip.
-RTO_FLOOR_RTTS = 2.0
+RTO_FLOOR_RTTS = 4.0
 
 
 @dataclass
