@@ -28,7 +28,8 @@ import torch.distributed as dist
 from host_agent.agent import Agent
 
 #: Per-step stats summed over a step's buckets.
-_SUMMED = ("bytes_sent", "packets", "retransmissions", "encode_s", "network_s", "decode_s", "elements")
+_SUMMED = ("bytes_sent", "packets", "retransmissions", "fast_retransmissions", "timer_retransmissions",
+           "encode_s", "network_s", "decode_s", "elements")
 
 
 class LhcHookState:

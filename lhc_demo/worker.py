@@ -94,6 +94,7 @@ def train(args: argparse.Namespace) -> dict:
     optimizer = make_optimizer(model.module, config)
     initial_auc = _held_out_auc(model.module, held_out)
     losses, step_s, wire_bytes, aggregate_s, auc = [], [], [], [], []
+    retransmitted = {"fast": 0, "timer": 0}
     for step in range(args.steps):
         users, items, clicked = data.batch(args.rank, step)
         started = time.perf_counter()
@@ -110,6 +111,8 @@ def train(args: argparse.Namespace) -> dict:
             step_stats = state.pop_step_stats()
             wire_bytes.append(step_stats["bytes_sent"])
             aggregate_s.append(step_stats["network_s"])
+            retransmitted["fast"] += int(step_stats["fast_retransmissions"])
+            retransmitted["timer"] += int(step_stats["timer_retransmissions"])
     every_rank: list[list[float]] = [[] for _ in range(args.world)]
     dist.all_gather_object(every_rank, losses)
     if state is not None:
@@ -122,6 +125,7 @@ def train(args: argparse.Namespace) -> dict:
         "step_s": step_s,
         "bytes_per_step": wire_bytes,
         "aggregate_s": aggregate_s,
+        "retransmissions": retransmitted,
         "initial_auc": initial_auc,
         "auc": auc,
         "config": config.to_dict(),
