@@ -38,8 +38,8 @@ from host_agent.auto import LINK_AGREE_EVERY, agreed_link, choose_mode, link_wor
 from host_agent.backend import Backend, LinkEstimate
 from host_agent.codec import MODES, CodecState, Message, WorkerSession
 from host_agent.errors import AggregationError
-from host_agent.seal import check_seal, round_tag, seal_words
-from lhc_ina.constants import FRAME_BYTES, LANES, Op
+from host_agent.seal import SealedRound
+from lhc_ina.constants import FRAME_BYTES, Op
 
 AGENT_MODES = (*MODES, "auto")
 #: How long a call waits for any one result before it gives up (a peer that never makes the call).
@@ -227,22 +227,19 @@ class Agent:
         network_s, words, rounds, messages, packets = 0.0, 0, 0, 0, 0
         while batch := _next_round(session):
             started = time.perf_counter()
-            futures = self._send(session, batch, first=rounds == 0)
-            tag = round_tag(call.number, rounds, batch)
-            seal = self.backend.reduce(Op.ADD, seal_words(tag))
+            sealed = SealedRound.of(call.number, rounds, batch)
+            futures = self._send(session, sealed, first=rounds == 0)
             ahead_started = time.perf_counter()
             self._prepare_ahead(call)
             started += time.perf_counter() - ahead_started  # the next call's encoding is its own
-            for message, future in zip(batch, futures, strict=True):
+            for index, future in enumerate(futures):
                 if future is not None:
-                    self._receive(session, message, future)
-            check_seal(self._wait(seal, f"the seal of round {rounds}"), tag, self.world_size, call.number,
-                       rounds)
+                    self._receive(session, sealed, index, future)
             network_s += time.perf_counter() - started
-            words += sum(message.words.numel() for message in batch) + 1
-            packets += sum(-(-message.words.numel() // LANES) for message in batch) + 1
+            words += sealed.words
+            packets += sealed.packets
             rounds += 1
-            messages += len(batch) + 1
+            messages += len(sealed.wire)
         total, codec_stats, self.states[call.key] = session.result()
         counters = {name: value - counters_before.get(name, 0)
                     for name, value in self.backend.counters().items()}
@@ -269,18 +266,22 @@ class Agent:
         self.last_stats = stats
         return AllreduceResult(total.reshape(call.tensor.shape), stats)
 
-    def _send(self, session: WorkerSession, batch: list[Message], first: bool) -> list[Future | None]:
-        """Hand a round's messages to the backend. A backend that cannot survive messages of different
+    def _send(self, session: WorkerSession, sealed: SealedRound, first: bool) -> list[Future | None]:
+        """Hand a round's wire messages to the backend. A backend that cannot survive messages of different
         lengths (torch.distributed) gets the rest of the first round only once the agreement message,
         which comes first, has proved that the workers match; its slot in the list is then None."""
         if first and self.backend.waits_for_agreement:
-            self._receive(session, batch[0], self.backend.reduce(batch[0].op, batch[0].words))
-            return [None] + [self.backend.reduce(message.op, message.words) for message in batch[1:]]
-        return [self.backend.reduce(message.op, message.words) for message in batch]
+            self._receive(session, sealed, 0, self.backend.reduce(*sealed.wire[0]))
+            return [None] + [self.backend.reduce(op, words) for op, words in sealed.wire[1:]]
+        return [self.backend.reduce(op, words) for op, words in sealed.wire]
 
-    def _receive(self, session: WorkerSession, message: Message, future: Future) -> None:
-        """Store one result (an agreement error means the workers' messages no longer line up)."""
-        session.receive(self._wait(future, f"the {message.kind} message of round {message.round}"))
+    def _receive(self, session: WorkerSession, sealed: SealedRound, index: int, future: Future) -> None:
+        """Store one result in the session (an agreement error means the workers' messages no longer line
+        up), checking the seal where it rides."""
+        what = (f"the {sealed.messages[index].kind} message" if index < len(sealed.messages) else "the seal")
+        words = sealed.take(index, self._wait(future, f"{what} of round {sealed.round}"), self.world_size)
+        if words is not None:
+            session.receive(words)
 
     def _wait(self, future: Future, what: str) -> torch.Tensor:
         """A result, or an error once ``timeout_s`` passed without one (a peer that never calls)."""

@@ -10,18 +10,28 @@ has something else (or nothing: then no result comes at all) in the seal's posit
 unless that word equals the tag by chance (2^-32 for any word the worker did not compute as this seal).
 
 The tag is odd, so ``W * tag`` differs from ``(W - k) * tag`` for every 0 < k < W <= 2^31: a worker that
-sent a zero there (padding of another message) is caught too. The cost is one packet per round.
+sent a zero there (padding of another message) is caught too.
+
+The seal costs nothing on the wire where the round's last message is an ADD whose last packet has room:
+the tag then rides as that message's last word (``SealedRound``), still after every other position of
+the round. Otherwise (an OR last, a full last packet, or a message so long that copying it would cost
+more than a packet) it is a one-word message of its own: one packet.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from host_agent.codec import Message
 from host_agent.errors import AggregationError
+from lhc_ina.constants import LANES, Op
+
+#: The longest last message the tag is folded into: beyond it the copy costs more than a packet.
+FOLD_MAX_WORDS = 1 << 16
 
 
 def round_tag(call: int, round_: int, messages: Sequence[Message]) -> int:
@@ -46,3 +56,44 @@ def check_seal(summed: torch.Tensor, tag: int, world_size: int, call: int, round
             f"{tag:#010x}: another worker's messages in this round's positions belong to another call or "
             "round (a worker that failed alone and went on, or two runs joined to one job)"
         )
+
+
+@dataclass
+class SealedRound:
+    """A round as it goes to the backend: ``wire`` is (op, words) per reduction, in order; the seal is the
+    last word of the last message (``folded``) or a message of its own after the round's."""
+
+    call: int
+    round: int
+    tag: int
+    messages: list[Message]
+    wire: list[tuple[Op, torch.Tensor]]
+    folded: bool
+
+    @classmethod
+    def of(cls, call: int, round_: int, messages: list[Message]) -> SealedRound:
+        tag = round_tag(call, round_, messages)
+        wire = [(m.op, m.words) for m in messages]
+        last = messages[-1].words
+        folded = messages[-1].op == Op.ADD and last.numel() % LANES != 0 and last.numel() <= FOLD_MAX_WORDS
+        if folded:
+            wire[-1] = (Op.ADD, torch.cat([last, seal_words(tag)]))
+        else:
+            wire.append((Op.ADD, seal_words(tag)))
+        return cls(call, round_, tag, messages, wire, folded)
+
+    def take(self, index: int, words: torch.Tensor, world_size: int) -> torch.Tensor | None:
+        """The reduced ``words`` of wire message ``index``: the codec's part (None for the seal's own
+        message), after checking the seal where it rides."""
+        if index == len(self.wire) - 1:
+            check_seal(words[-1:], self.tag, world_size, self.call, self.round)
+            return words[:-1] if self.folded else None
+        return words
+
+    @property
+    def packets(self) -> int:
+        return sum(-(-words.numel() // LANES) for _, words in self.wire)
+
+    @property
+    def words(self) -> int:
+        return sum(words.numel() for _, words in self.wire)
