@@ -82,7 +82,8 @@ class SoftswitchProcess(ChildProcess):
     target = "softswitch"
     moves_udp = True
 
-    def __init__(self, grpc_port: int = 0, host: str | None = None) -> None:
+    def __init__(self, grpc_port: int = 0, host: str | None = None, pipeline: str | None = None) -> None:
+        self.pipeline = pipeline  # softswitch's --pipeline (native or python); None: its default
         self.udp_port = c.UDP_PORT_BASE
         self.switch_port = 1
         for attempt in range(5):  # another run may hold the lhc port on the random address: pick again
@@ -97,6 +98,8 @@ class SoftswitchProcess(ChildProcess):
     def _start(self, grpc_port: int) -> None:
         udp = f"{self.switch_port}@{self.host}:{self.udp_port}"
         argv = ["softswitch.cli", "--grpc-addr", f"127.0.0.1:{grpc_port}", "--udp", udp, "--log-level=INFO"]
+        if self.pipeline:
+            argv += ["--pipeline", self.pipeline]
         self.grpc_addr = self._spawn(argv, SWITCH_READY)["grpc"]
 
     @property
