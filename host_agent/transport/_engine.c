@@ -38,6 +38,14 @@
 
 #include "engine_core.h"
 
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103 /* linux/udp.h: the GSO segment size of a sendmsg, as a cmsg */
+#endif
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#define GSO_MAX 64 /* datagrams per GSO message (UDP_MAX_SEGMENTS on older kernels) */
+
 /* ---- the Python type ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -52,9 +60,12 @@ typedef struct {
     struct mmsghdr rx_msgs[RX_BATCH];
     struct iovec rx_iov[RX_BATCH];
     struct sockaddr_in rx_from[RX_BATCH];
-    /* one sendmmsg: every packet a decision queued, twice where the impairment doubles it */
+    /* one sendmmsg: every packet a decision queued, twice where the impairment doubles it; with UDP GSO a
+     * message carries up to GSO_MAX of them (one kernel traversal), else one each */
     struct mmsghdr *tx_msgs;
     struct iovec *tx_iov;
+    char (*tx_ctrl)[CMSG_SPACE(sizeof(uint16_t))];
+    int gso;
 } Engine;
 
 static double uniform(Engine *e)  /* splitmix64 -> [0, 1): the impairment's draws */
@@ -68,12 +79,14 @@ static double uniform(Engine *e)  /* splitmix64 -> [0, 1): the impairment's draw
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"fd", "job_id", "rank", "epoch", "slot_count", "world_size", "timeout_s",
-                            "loss", "duplicate", "seed", NULL};
+                            "loss", "duplicate", "seed", "gso", NULL};
     unsigned job_id, rank, epoch, slot_count, world_size;
     unsigned long long seed;
     double timeout_s;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iIIIIIdddK", names, &e->fd, &job_id, &rank, &epoch,
-                                     &slot_count, &world_size, &timeout_s, &e->loss, &e->duplicate, &seed))
+    e->gso = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iIIIIIdddK|p", names, &e->fd, &job_id, &rank, &epoch,
+                                     &slot_count, &world_size, &timeout_s, &e->loss, &e->duplicate, &seed,
+                                     &e->gso))
         return -1;
     if (!g_configured) {
         PyErr_SetString(PyExc_RuntimeError, "_engine.configure() was not called");
@@ -85,10 +98,11 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwargs)
         return -1;
     }
     e->rng = seed;
-    free(e->tx_msgs), free(e->tx_iov);
+    free(e->tx_msgs), free(e->tx_iov), free(e->tx_ctrl);
     e->tx_msgs = calloc(2 * (slot_count + 1), sizeof(*e->tx_msgs));
     e->tx_iov = calloc(2 * (slot_count + 1), sizeof(*e->tx_iov));
-    if (e->tx_msgs == NULL || e->tx_iov == NULL ||
+    e->tx_ctrl = calloc(2 * (slot_count + 1), sizeof(*e->tx_ctrl));
+    if (e->tx_msgs == NULL || e->tx_iov == NULL || e->tx_ctrl == NULL ||
         core_init(&e->core, job_id, rank, epoch, slot_count, world_size) < 0) {
         PyErr_NoMemory();
         return -1;
@@ -109,7 +123,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwargs)
 static void Engine_dealloc(Engine *e)
 {
     core_free(&e->core);
-    free(e->tx_msgs), free(e->tx_iov);
+    free(e->tx_msgs), free(e->tx_iov), free(e->tx_ctrl);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
@@ -230,11 +244,34 @@ fail:
     return NULL;
 }
 
+/* Messages for the n datagrams of tx_iov: GSO runs of up to GSO_MAX, or one per datagram. */
+static int build_messages(Engine *e, int n)
+{
+    int per = e->gso ? GSO_MAX : 1, m = 0;
+    for (int at = 0; at < n; at += per, m++) {
+        struct msghdr *h = &e->tx_msgs[m].msg_hdr;
+        memset(&e->tx_msgs[m], 0, sizeof(e->tx_msgs[m]));
+        h->msg_iov = &e->tx_iov[at];
+        h->msg_iovlen = (size_t)(n - at < per ? n - at : per);
+        h->msg_name = &e->core.sw;
+        h->msg_namelen = sizeof(e->core.sw);
+        if (h->msg_iovlen > 1) {
+            h->msg_control = e->tx_ctrl[m];
+            h->msg_controllen = sizeof(e->tx_ctrl[m]);
+            struct cmsghdr *cmsg = CMSG_FIRSTHDR(h);
+            cmsg->cmsg_level = SOL_UDP;
+            cmsg->cmsg_type = UDP_SEGMENT;
+            cmsg->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t size = (uint16_t)g.packet_bytes;
+            memcpy(CMSG_DATA(cmsg), &size, sizeof(size));
+        }
+    }
+    return m;
+}
+
 /* Send what the core queued, each datagram lost or doubled on its own where impaired, one sendmmsg. */
 static void send_out(Engine *e)
 {
-    struct mmsghdr *msgs = e->tx_msgs;
-    struct iovec *iov = e->tx_iov;
     int n = 0;
     for (int i = 0; i < e->core.n_out; i++) {
         int copies = 1;
@@ -249,28 +286,35 @@ static void send_out(Engine *e)
             }
         }
         for (int k = 0; k < copies; k++, n++) {
-            iov[n].iov_base = (void *)e->core.out[i];
-            iov[n].iov_len = (size_t)g.packet_bytes;
-            memset(&msgs[n], 0, sizeof(msgs[n]));
-            msgs[n].msg_hdr.msg_iov = &iov[n];
-            msgs[n].msg_hdr.msg_iovlen = 1;
-            msgs[n].msg_hdr.msg_name = &e->core.sw;
-            msgs[n].msg_hdr.msg_namelen = sizeof(e->core.sw);
+            e->tx_iov[n].iov_base = (void *)e->core.out[i];
+            e->tx_iov[n].iov_len = (size_t)g.packet_bytes;
         }
     }
     e->core.n_out = 0;
-    int at = 0;
+    int m = build_messages(e, n), at = 0;
     Py_BEGIN_ALLOW_THREADS
-    while (at < n) {
-        int sent = sendmmsg(e->fd, msgs + at, (unsigned)(n - at), 0);
-        if (sent < 0) {
-            if (errno == EINTR)
-                continue;
-            at++;  /* this datagram is lost (a full buffer, an unreachable port), as a sendto would lose it */
-            e->dropped_out++;
+    while (at < m) {
+        int sent = sendmmsg(e->fd, e->tx_msgs + at, (unsigned)(m - at), 0);
+        if (sent < 0 && errno == EINTR)
+            continue;
+        if (sent < 0 && e->gso && (errno == EINVAL || errno == EIO || errno == ENOPROTOOPT ||
+                                   errno == EOPNOTSUPP)) {
+            e->gso = 0;  /* this kernel or route takes no GSO: one message per datagram from now on */
+            int done = 0;
+            for (int k = 0; k < at; k++)
+                done += (int)e->tx_msgs[k].msg_hdr.msg_iovlen;
+            memmove(e->tx_iov, e->tx_iov + done, sizeof(*e->tx_iov) * (size_t)(n - done));
+            n -= done;
+            m = build_messages(e, n), at = 0;
             continue;
         }
-        e->io_sent += sent;
+        if (sent < 0) {  /* this message is lost (a full buffer, an unreachable port), as a sendto's */
+            e->dropped_out += (long long)e->tx_msgs[at].msg_hdr.msg_iovlen;
+            at++;
+            continue;
+        }
+        for (int k = at; k < at + sent; k++)
+            e->io_sent += (long long)e->tx_msgs[k].msg_hdr.msg_iovlen;
         at += sent;
     }
     Py_END_ALLOW_THREADS

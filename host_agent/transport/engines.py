@@ -6,7 +6,9 @@ send again; the segments completed), ``stats``, ``rtt``, ``window``, ``stalled``
 
 The native engine does the socket work itself (recvmmsg, sendmmsg, the GIL released while it waits) and
 applies the channel's impairment per datagram, counted as the channel would, so a lossy test or benchmark
-measures the same thing on both.
+measures the same thing on both. Its sends go as UDP GSO runs (one message carries up to 64 equal
+datagrams to the switch, one traversal of the kernel's stack) where the kernel takes them; the first
+refusal turns GSO off for good and the same datagrams leave one message each.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ class NativeEngine:
     """``_engine.Engine`` behind the reference engine's face."""
 
     def __init__(self, who: StreamIdentity, world_size: int, channel: Channel | None, timeout_s: float,
-                 ) -> None:
+                 gso: bool = True) -> None:
         self.who = who
         self.channel = channel
         impairment = channel.impairment if channel is not None else None
@@ -109,7 +111,7 @@ class NativeEngine:
             world_size=world_size, timeout_s=timeout_s,
             loss=impairment.loss if impairment else 0.0,
             duplicate=impairment.duplicate if impairment else 0.0,
-            seed=(impairment.seed or 0) if impairment else 0,
+            seed=(impairment.seed or 0) if impairment else 0, gso=gso,
         )
         self._switch: tuple[str, int] | None = None
 
