@@ -20,7 +20,7 @@ venv: $(INSTALLED)
 
 # The codec's C kernels are an optional extension: a failed build would leave an older one in place, so
 # it is removed first and a missing one is reported (tests/test_codec.py then fails on it too).
-$(INSTALLED): pyproject.toml setup.py host_agent/codec/_native.c
+$(INSTALLED): pyproject.toml setup.py $(wildcard host_agent/codec/*.c host_agent/codec/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	rm -f host_agent/codec/_native.*.so
