@@ -47,11 +47,31 @@ struct zone {
     int insert;      /* 1: initialise and insert; 0: peel */
 };
 
-static void insert_starts(struct peel *p, int64_t start_lo, int64_t start_hi)
+static void init_segments(struct peel *p, int64_t seg_lo, int64_t seg_hi)
+{
+    const int64_t block = p->g->block;
+    for (int64_t c = seg_lo * p->g->seg; c < seg_hi * p->g->seg; c++) {
+        uint32_t *r = p->rec + c * p->stride;
+        r[REC_COUNT] = 0;
+        r[REC_WHO] = 0;
+        r[REC_ITEM] = 0;
+        memcpy(r + REC_LANES, p->cells + c * block, (size_t)block * sizeof(uint32_t));
+    }
+}
+
+/* Insert the candidates with starts in [start_lo, start_hi). With `init`, the records of segments
+ * [seg_lo, seg_hi) are initialised too, each just before the first candidate that touches it, so that
+ * they are still in cache when the candidates reach them. */
+static void insert_starts(struct peel *p, int64_t start_lo, int64_t start_hi, int init, int64_t seg_lo,
+                          int64_t seg_hi)
 {
     const struct geometry *g = p->g;
-    int64_t at[MAX_ARITY];
+    int64_t at[MAX_ARITY], ready = seg_lo;
     for (int64_t s = start_lo; s < start_hi; s++) {
+        if (init && ready < s + g->arity) {
+            init_segments(p, ready, s + g->arity);
+            ready = s + g->arity;
+        }
         for (int64_t j = p->sorted->bounds[s]; j < p->sorted->bounds[s + 1]; j++) {
             const uint32_t item = p->sorted->item[j], who = p->sorted->who[j];
             cells_of(g, item, s, at);
@@ -63,17 +83,8 @@ static void insert_starts(struct peel *p, int64_t start_lo, int64_t start_hi)
             }
         }
     }
-}
-
-static void init_segments(struct peel *p, int64_t seg_lo, int64_t seg_hi)
-{
-    const int64_t block = p->g->block;
-    for (int64_t c = seg_lo * p->g->seg; c < seg_hi * p->g->seg; c++) {
-        uint32_t *r = p->rec + c * p->stride;
-        r[REC_COUNT] = 0;
-        r[REC_WHO] = 0;
-        r[REC_ITEM] = 0;
-        memcpy(r + REC_LANES, p->cells + c * block, (size_t)block * sizeof(uint32_t));
+    if (init && ready < seg_hi) {
+        init_segments(p, ready, seg_hi);
     }
 }
 
@@ -145,8 +156,7 @@ static void zone_main(void *arg)
     struct zone *z = arg;
     struct peel *p = z->p;
     if (z->insert) {
-        init_segments(p, z->seg_lo, z->seg_hi);
-        insert_starts(p, z->start_lo, z->start_hi);
+        insert_starts(p, z->start_lo, z->start_hi, 1, z->seg_lo, z->seg_hi);
         return;
     }
     const int64_t seg = p->g->seg;
@@ -184,7 +194,7 @@ int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, c
     struct zone b = {&p, mid, segments, mid, g->starts, queue + 2 * mid * g->seg, 0, 1};
     if (split) {
         run_pair(zone_main, &b, &a, threads);
-        insert_starts(&p, a.start_hi, b.start_lo); /* the candidates straddling the zones */
+        insert_starts(&p, a.start_hi, b.start_lo, 0, 0, 0); /* the candidates straddling the zones */
         a.insert = b.insert = 0;
         run_pair(zone_main, &b, &a, threads);
     } else {
