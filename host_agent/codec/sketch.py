@@ -109,9 +109,11 @@ def sketch_cells(expected_candidates: float, margin: float, block: int, lanes: i
 
 
 def cells_per_candidate(expected_candidates: float, margin: float) -> float:
-    """Sketch cells per candidate at this size (before packet filling), for the index's cost model."""
-    k = max(1.0, expected_candidates)
-    return sketch_cells(k, margin, 1, 1) / k
+    """Sketch cells per extra candidate at this size (the layout's rate, slack aside), for the index's
+    cost model."""
+    k = max(0.0, expected_candidates)
+    fused = fuse_threshold(k) * (1.0 + margin)
+    return fused if fused * k + _FUSE_SLACK >= FUSE_MIN_CELLS else PEEL_THRESHOLD * (1.0 + margin)
 
 
 def cell_ids(spec: SketchSpec, items: torch.Tensor) -> torch.Tensor:
