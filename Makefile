@@ -21,8 +21,8 @@ venv: $(INSTALLED)
 # The C extensions are optional (each has a Python fallback): a failed build would leave an older one in
 # place, so each is removed first and a missing one is reported (its tests then fail or say so).
 NATIVE_MODULES := host_agent/codec/_native lhc_ina/_udp host_agent/transport/_engine
-NATIVE_SOURCES := host_agent/codec/_native.c lhc_ina/_udp.c host_agent/transport/_engine.c \
-	host_agent/transport/engine_core.c host_agent/transport/engine_core.h
+NATIVE_SOURCES := $(wildcard host_agent/codec/*.c host_agent/codec/*.h host_agent/transport/*.c \
+	host_agent/transport/*.h) lhc_ina/_udp.c
 $(INSTALLED): pyproject.toml setup.py $(NATIVE_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"

@@ -1,7 +1,8 @@
-"""The compiled parts: the codec's CPU kernels (host_agent/codec/_native.c: peeling, set bits), the
-worker's packet engine (host_agent/transport/_engine.c: window, timers, loss recovery, reassembly and the
-socket work, per batch) and the batched UDP I/O that the worker's channel and softswitch's UDP ports share
-(lhc_ina/_udp.c: sendmmsg, recvmmsg).
+"""The compiled parts: the codec's CPU kernels (host_agent/codec/_native.c and the *_kernels.c it binds:
+peeling, sketch encoding, the nonzero scan, set bits; pthreads for the second core), the worker's packet
+engine (host_agent/transport/_engine.c: window, timers, loss recovery, reassembly and the socket work, per
+batch) and the batched UDP I/O that the worker's channel and softswitch's UDP ports share (lhc_ina/_udp.c:
+sendmmsg, recvmmsg).
 
 Everything else is in pyproject.toml. Every extension is optional: where no C compiler is present the
 install still succeeds; the codec then uses its torch implementations, the stream its Python engine and UDP
@@ -14,8 +15,15 @@ setup(
     ext_modules=[
         Extension(
             "host_agent.codec._native",
-            ["host_agent/codec/_native.c"],
-            extra_compile_args=["-O3", "-std=c11"],
+            [
+                "host_agent/codec/_native.c",
+                "host_agent/codec/peel_kernels.c",
+                "host_agent/codec/scan_kernels.c",
+                "host_agent/codec/sketch_kernels.c",
+            ],
+            depends=["host_agent/codec/kernels.h"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-pthread"],
+            extra_link_args=["-pthread"],
             optional=True,
         ),
         Extension(
