@@ -25,7 +25,10 @@ setup(
         ),
         Extension(
             "softswitch._dataplane",
-            ["softswitch/_dataplane.c", "softswitch/_dataplane_pipeline.c", "softswitch/_dataplane_io.c"],
+            [
+                "softswitch/_dataplane.c", "softswitch/_dataplane_pipeline.c", "softswitch/_dataplane_io.c",
+                "softswitch/_dataplane_gso.c",
+            ],
             depends=["softswitch/_dataplane.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,

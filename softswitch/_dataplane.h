@@ -60,8 +60,18 @@ typedef struct {
     struct iovec *iov;
     struct sockaddr_in *destinations; /* UDP: datagram i goes to destinations[i] */
     Py_ssize_t queued;
+    int gso; /* UDP: send runs to one destination with UDP_SEGMENT (off once the kernel refuses it) */
     unsigned long long frames_in, dropped_non_udp, send_errors;
 } Port;
+
+/* _dataplane_gso.c's scratch, shared by the ports (they flush one after another). */
+typedef struct {
+    struct iovec *iov;
+    struct mmsghdr *messages;
+    uint8_t *control;
+    int32_t *next, *head, *tail, *segments, *first, *table;
+    uint64_t *keys;
+} Gso;
 
 /* Where the copies a frame produces go: a Python list (inject) or the ports' send queues (burst). */
 typedef struct {
@@ -86,6 +96,7 @@ typedef struct {
     Port *ports;
     Py_ssize_t n_ports;
     int16_t *port_index; /* switch port number -> index in ports, -1 when nothing is attached */
+    Gso gso;
     unsigned long long errors;
 } Engine;
 
@@ -103,6 +114,11 @@ int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template
 Py_ssize_t burst_receive(Engine *e, Port *port, int *error);
 int flush_all(Engine *e);
 void ipv4_checksum(const Layout *L, uint8_t *rx);
+
+/* _dataplane_gso.c: a UDP port's queue out, runs per destination as UDP GSO messages. */
+int gso_setup(Engine *e);
+void gso_free(Engine *e);
+int gso_flush(Engine *e, Port *p, int *error);
 
 /* Big-endian fields of 1, 2, 4 or 6 bytes: widths come from the layout, so a generic reader. */
 static inline uint64_t get_be(const uint8_t *p, long bytes)

@@ -8,6 +8,7 @@
  * - Raw (AF_PACKET): frames as they are; PACKET_OUTGOING frames (our own output) are skipped.
  *
  * A datagram the kernel refuses is lost and counted (as on a full link); only an unusable socket raises.
+ * A UDP port's queue leaves as UDP GSO messages where the kernel takes them (_dataplane_gso.c).
  */
 #define _GNU_SOURCE
 #include "_dataplane.h"
@@ -39,7 +40,7 @@ int io_setup(Engine *e)
     }
     for (long i = 0; i <= L->max_port; i++)
         e->port_index[i] = -1;
-    return 0;
+    return gso_setup(e);
 }
 
 void io_free(Engine *e)
@@ -57,6 +58,7 @@ void io_free(Engine *e)
     PyMem_Free(e->rx_sources);
     PyMem_Free(e->arena);
     PyMem_Free(e->port_index);
+    gso_free(e);
 }
 
 int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template)
@@ -77,6 +79,7 @@ int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template
     p->number = number;
     p->fd = fd;
     p->kind = kind;
+    p->gso = kind == PORT_UDP;
     p->messages = PyMem_Calloc((size_t)e->queue_capacity, sizeof(struct mmsghdr));
     p->iov = PyMem_Calloc((size_t)e->queue_capacity, sizeof(struct iovec));
     p->destinations = PyMem_Calloc((size_t)e->queue_capacity, sizeof(struct sockaddr_in));
@@ -122,7 +125,8 @@ int flush_all(Engine *e)
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < e->n_ports; i++) {
         error = 0;
-        if (e->ports[i].queued && flush_port(&e->ports[i], &error) < 0 && !first_error)
+        Port *p = &e->ports[i];
+        if (p->queued && (p->gso ? gso_flush(e, p, &error) : flush_port(p, &error)) < 0 && !first_error)
             first_error = error;
     }
     Py_END_ALLOW_THREADS
