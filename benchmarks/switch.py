@@ -8,8 +8,9 @@ which carries ``native_over_python``: its packets_per_s over the python row's of
   flight over UDP on loopback. Every round is W DATA packets of ``LANES`` words; the switch multicasts
   each result to all W workers, and every copy is received and checked bit for bit against the expected
   sum. The workers' DATA packets are built vectorized and leave one socket by UDP GSO; each rank's
-  results arrive on its own socket and are drained by recvmmsg and checked with numpy, so that the
-  generator is not what bounds the figure. This is the number the project quotes: it includes the
+  results arrive on its own socket (with UDP_GRO: a run the switch sent as one GSO message arrives as
+  one buffer) and are checked datagram by datagram with numpy, so that the generator is not what bounds
+  the figure. This is the number the project quotes: it includes the
   kernel's UDP path on both sides.
 - ``pipeline``: the same DATA packets through the pipeline in this process with no sockets:
   ``Pipeline.process`` (python) or ``NativePipeline.inject`` (native, one Python call per frame).
@@ -20,6 +21,7 @@ which carries ``native_over_python``: its packets_per_s over the python row's of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -29,6 +31,7 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -39,7 +42,7 @@ from p4.v1 import p4runtime_pb2_grpc
 from lhc_ina import constants as c
 from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
-from lhc_ina.udp import MAX_BATCH, BatchIO, batch_io
+from lhc_ina.udp import BatchIO, batch_io
 from lhc_ina.wire import (
     FRAME_END,
     FRAME_LHC,
@@ -51,14 +54,16 @@ from lhc_ina.wire import (
     set_header_fields,
 )
 from softswitch.cli import READY
-from softswitch.dataplane import BURST
+from softswitch.dataplane import NATIVE_BURST
 from softswitch.entities import Entities
 from softswitch.native import NativePipeline, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.testing import data_frame, job_updates, make_job
 
-#: linux/udp.h: the UDP_SEGMENT socket option (UDP GSO) and UDP_MAX_SEGMENTS, the most datagrams per send.
-_UDP_SEGMENT, _GSO_SEGMENTS = 103, 64
+#: linux/udp.h: the UDP_SEGMENT and UDP_GRO socket options (not in Python's socket module), and
+#: UDP_MAX_SEGMENTS, the most datagrams one GSO send carries.
+_UDP_SEGMENT, _UDP_GRO, _GSO_SEGMENTS = 103, 104, 64
+_MAX_DATAGRAM = 65536
 _SEQ = struct.Struct("!I")
 _SLOT = struct.Struct("!H")
 _BYTE0_AT, _SLOT_AT, _SEQ_AT = (HEADER_OFFSETS[name] for name in ("msg_type", "slot", "seq"))
@@ -136,35 +141,67 @@ class _Switch:
         stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(index, self.job)))
         channel.close()
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the switch process has used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
 
 
 class _Results:
-    """What the W rank sockets received: every copy checked (length, type, payload), seqs kept per rank."""
+    """What the W rank sockets received: every copy checked (length, type, payload), seqs kept per rank.
 
-    def __init__(self, workers: int, expected: bytes, capacity: int = MAX_BATCH) -> None:
+    The sockets ask for UDP_GRO where the kernel has it: a run of results the switch sent to one rank in
+    one GSO message then arrives as one buffer of equal-size datagrams with their size (the kernel's
+    cmsg), instead of being split into one socket entry each. Each datagram is still checked alone."""
+
+    def __init__(self, workers: int, expected: bytes, capacity: int = 256) -> None:
         self.size = PACKET_DTYPE.itemsize
-        self.slot = self.size + 1  # a longer datagram then shows as one byte too long
-        self.capacity = capacity
-        self.buffer = bytearray(capacity * self.slot)
-        self.rows = np.frombuffer(self.buffer, np.uint8).reshape(capacity, self.slot)
+        self.capacity = capacity  # messages per drain
+        self.buffer = bytearray((capacity + 1) * _MAX_DATAGRAM)
+        self.view = memoryview(self.buffer)
+        self.bytes = np.frombuffer(self.buffer, np.uint8)
         self.expected = np.frombuffer(expected, np.uint8)
         self.counts = [0] * workers
         self.seqs: list[list[np.ndarray]] = [[] for _ in range(workers)]
         self.mismatched = 0
 
-    def drain(self, io: BatchIO, rank: int, sock: socket.socket) -> int:
-        """Receive what waits on rank ``rank``'s socket (one recvmmsg); the number of copies."""
-        got = io.receive(sock, self.buffer, self.slot, self.capacity)
-        n = len(got)
+    @staticmethod
+    def open(workers: int) -> list[socket.socket]:
+        socks = []
+        for _ in range(workers):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            with contextlib.suppress(OSError):  # a kernel without UDP_GRO: one datagram per message
+                sock.setsockopt(socket.SOL_UDP, _UDP_GRO, 1)
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+            socks.append(sock)
+        return socks
+
+    def drain(self, rank: int, sock: socket.socket) -> int:
+        """Receive what waits on rank ``rank``'s socket; the number of result copies."""
+        at = 0
+        for _ in range(self.capacity):
+            try:
+                length, ancillary, flags, _ = sock.recvmsg_into(
+                    [self.view[at : at + _MAX_DATAGRAM]], socket.CMSG_SPACE(4))
+            except BlockingIOError:
+                break
+            segment = next((int.from_bytes(data[:4], sys.byteorder) for level, kind, data in ancillary
+                            if level == socket.SOL_UDP and kind == _UDP_GRO), length)
+            if segment != self.size or length % self.size or flags & socket.MSG_TRUNC:
+                self.mismatched += 1  # a datagram of another size: not a result of this job
+                continue
+            at += length
+        n = at // self.size
         if n:
-            rows = self.rows[:n]
-            lengths = np.fromiter((length for length, _ in got), np.int64, n)
-            kinds = rows[:, _BYTE0_AT] >> HEADER_SHIFTS["msg_type"]
-            bad = (lengths != self.size) | (kinds != c.MsgType.RESULT)
-            bad |= (rows[:, c.HEADER_BYTES : self.size] != self.expected).any(axis=1)
+            rows = self.bytes[:at].reshape(n, self.size)
+            bad = rows[:, _BYTE0_AT] >> HEADER_SHIFTS["msg_type"] != c.MsgType.RESULT
+            bad |= (rows[:, c.HEADER_BYTES :] != self.expected).any(axis=1)
             self.mismatched += int(np.count_nonzero(bad))
             self.seqs[rank].append(rows[:, _SEQ_AT : _SEQ_AT + 4].copy().view(">u4").ravel())
             self.counts[rank] += n
@@ -225,7 +262,7 @@ def _run_udp(workers: int, seconds: float, window: int, slots: int, pipeline: st
     does, so that the switch is what is measured."""
     io = batch_io()
     sender = _Sender(io)
-    receivers = [_socket() for _ in range(workers)]
+    receivers = _Results.open(workers)
     switch = _Switch(slots, [sock.getsockname()[1] for sock in receivers], pipeline)
     poller = select.poll()
     for sock in receivers:
@@ -236,6 +273,7 @@ def _run_udp(workers: int, seconds: float, window: int, slots: int, pipeline: st
         window = min(window, slots)
         refill = max(window // 4, 1)  # top the window up in batches, not round by round
         sent = completed = 0
+        cpu_before = switch.cpu_seconds()
         start = time.perf_counter()
         deadline = start + seconds
         while True:
@@ -245,27 +283,21 @@ def _run_udp(workers: int, seconds: float, window: int, slots: int, pipeline: st
                 sent += rounds
             if completed == sent:
                 break
-            drained = sum(results.drain(io, rank, sock) for rank, sock in enumerate(receivers))
+            drained = sum(results.drain(rank, sock) for rank, sock in enumerate(receivers))
             if not drained and not poller.poll(2000):
                 raise RuntimeError(f"results stopped arriving: {sent - completed} rounds lost")
             completed = min(results.counts)
         elapsed = time.perf_counter() - start
+        switch_cpu = switch.cpu_seconds() - cpu_before
     finally:
         switch.stop()
         for sock in [sender.sock, *receivers]:
             sock.close()
     exact = results.mismatched == 0 and results.every_round_once_to_every_rank(completed)
+    # The switch's CPU time per packet says what the switch costs whatever else the machine runs.
     return _result("udp", pipeline, workers, completed * workers, elapsed, rounds=completed,
-                   result_copies=sum(results.counts), exact=exact)
-
-
-def _socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
-    sock.bind(("127.0.0.1", 0))
-    sock.setblocking(False)
-    return sock
+                   result_copies=sum(results.counts), exact=exact, switch_cpu_s=round(switch_cpu, 2),
+                   switch_cpu_us_per_packet=round(switch_cpu / max(completed * workers, 1) * 1e6, 2))
 
 
 def _run_pipeline(workers: int, seconds: float, slots: int, kind: str) -> dict[str, Any]:
@@ -287,7 +319,7 @@ def _run_pipeline(workers: int, seconds: float, slots: int, kind: str) -> dict[s
         last[:] = frame
 
     if kind == "native":
-        inject = NativePipeline(pipeline, BURST).inject
+        inject = NativePipeline(pipeline, NATIVE_BURST).inject
 
         def process(frame: bytearray) -> None:
             out = inject(frame, 1)

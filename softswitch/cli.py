@@ -22,7 +22,7 @@ import sys
 import threading
 
 from lhc_ina.p4info import P4InfoIndex
-from softswitch.dataplane import BURST, DataPlane
+from softswitch.dataplane import NATIVE_BURST, DataPlane
 from softswitch.native import PIPELINES, NativePipeline, choose_pipeline, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.ports import Port, PortSpecError, open_port, parse_port_specs
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lhc-softswitch: {exc}", file=sys.stderr)
         return 1
     stop = threading.Event()
-    native = NativePipeline(pipeline, BURST) if kind == "native" else None
+    native = NativePipeline(pipeline, NATIVE_BURST) if kind == "native" else None
     dataplane = DataPlane(pipeline, ports, lock, native=native, on_failure=lambda _: stop.set())
     log.info("data plane: the %s pipeline", kind)
     dataplane.start()
