@@ -10,6 +10,8 @@ every counter and every register must agree bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import select
+import socket
 from collections.abc import Callable
 
 import numpy as np
@@ -18,17 +20,19 @@ from p4.v1 import p4runtime_pb2 as p4v1
 
 from lhc_ina import constants as c
 from lhc_ina import wire
-from lhc_ina.jobs import JobLayout
+from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.jobs import ip_to_int as ip_int
 from lhc_ina.jobs import mac_to_int as mac_int
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.entities import Entities
 from softswitch.native import NativePipeline, native_available
 from softswitch.pipeline import Pipeline
+from softswitch.ports import PortSpec, UdpPort
 from softswitch.testing import (
     SWITCH_IP,
     SWITCH_MAC,
     data_frame,
+    data_packet,
     job_updates,
     make_job,
     position,
@@ -263,3 +267,62 @@ def test_a_broken_entry_raises_in_both():
         twins.python.inject(frame, 1)
     with pytest.raises(ValueError):
         twins.native.inject(frame, 1)
+
+
+def test_udp_bursts_match_the_python_port_and_pipeline():
+    """The burst path (recvmmsg, synthesized headers, send queues, GSO runs) against UdpPort and
+    Pipeline.process: the same datagrams into a port of each give the same datagrams to every rank, in
+    the same order per rank, and the same counters and registers."""
+    twins = Twins()
+    twins.configure()
+    ranks = [[socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)] for _ in range(2)]
+    for sock in (s for side in ranks for s in side):
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(3)
+    ports = [UdpPort(PortSpec(1, host="127.0.0.1", udp_port=0), pipeline.rx)
+             for pipeline in (twins.python, twins.state)]
+    twins.native.attach(ports[1])
+    jobs_ = []
+    for side, pipeline in zip(ranks, (twins.python, twins.state), strict=True):
+        members = [WorkerEndpoint(r, "127.0.0.1", s.getsockname()[1], "02:00:00:00:00:01", 1)
+                   for r, s in enumerate(side)]
+        job = make_job(21, 3, members, slot_count=4, epoch=3)
+        entities = Entities(pipeline, INDEX.p4info)
+        for up in job_updates(INDEX, job):
+            entities.write(up)
+        jobs_.append(job)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender.bind(("127.0.0.1", 0))
+    rng = np.random.default_rng(7)
+    datagrams = []
+    for p in range(24):  # rounds, repeats of finished rounds (RETX to the sender) and junk
+        for rank in rng.permutation(3):
+            words = rng.integers(0, 1 << 32, c.LANES, dtype=np.uint64).astype(np.uint32)
+            datagrams.append(data_packet(jobs_[0], int(rank), words, **position(jobs_[0], p)))
+        datagrams += [datagrams[-2], rng.bytes(int(rng.integers(0, 300)))]
+    try:
+        for datagram in datagrams:
+            for port in ports:
+                sender.sendto(datagram, port.address)
+        select.select([ports[1]], [], [], 3)
+        while (length := ports[0].receive()) >= 0:
+            twins.python.process(length, 1, lambda _, frame: ports[0].send(frame))
+        ports[0].flush()
+        processed = 0
+        while processed < len(datagrams):
+            got = twins.native.burst(1)
+            twins.native.flush()
+            assert got or select.select([ports[1]], [], [], 3)[0], "datagrams did not arrive"
+            processed += got
+        assert twins.state_differs() == []
+        assert twins.native.port_counters()[1] == {"frames_in": len(datagrams), "dropped_non_udp": 0,
+                                                   "send_errors": 0}
+        for python_rank, native_rank in zip(*ranks, strict=True):
+            expected = [python_rank.recv(2048) for _ in range(24)]
+            assert [native_rank.recv(2048) for _ in range(24)] == expected
+        replies = [sender.recvfrom(2048) for _ in range(2 * 24)]  # each repeat's RESULT_RETX, to its sender
+        by_port = [[data for data, source in replies if source == port.address] for port in ports]
+        assert len(by_port[0]) == 24 and by_port[1] == by_port[0]
+    finally:
+        for sock in [sender, *ports, *(s for side in ranks for s in side)]:
+            sock.close()
