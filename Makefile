@@ -18,15 +18,18 @@ DEMO_ARGS ?=
 
 venv: $(INSTALLED)
 
-# The codec's C kernels are an optional extension: a failed build would leave an older one in place, so
-# it is removed first and a missing one is reported (tests/test_codec.py then fails on it too).
-$(INSTALLED): pyproject.toml setup.py host_agent/codec/_native.c
+# The codec's C kernels and softswitch's native data plane are optional extensions: a failed build would
+# leave an older one in place, so they are removed first and a missing one is reported (tests/test_codec.py
+# then fails on the codec's; softswitch runs its Python pipeline).
+$(INSTALLED): pyproject.toml setup.py host_agent/codec/_native.c $(wildcard softswitch/_dataplane*.[ch])
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	rm -f host_agent/codec/_native.*.so
+	rm -f host_agent/codec/_native.*.so softswitch/_dataplane.*.so
 	$(PY) -m pip install -q -e '.[dev]'
 	@ls host_agent/codec/_native.*.so >/dev/null 2>&1 || echo "warning: the codec's C kernels did not build" \
 		"(no C compiler or Python headers?); the codec runs its torch code"
+	@ls softswitch/_dataplane.*.so >/dev/null 2>&1 || echo "warning: softswitch's native data plane did not" \
+		"build (no C compiler or Python headers?); lhc-softswitch runs its Python pipeline"
 	touch $@
 
 demo: venv
@@ -107,13 +110,15 @@ system-deps:
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis
-	rm -f host_agent/codec/_native.*.so
+	rm -f host_agent/codec/_native.*.so softswitch/_dataplane.*.so
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-# The PTF suite against a target (root: veth pairs): `make ptf` (softswitch), `make ptf TARGET=bmv2`.
+# The PTF suite against a target (root: veth pairs): `make ptf` (softswitch), `make ptf TARGET=bmv2`,
+# `make ptf PIPELINE=python` (softswitch's pipeline; its default, native where built, when left out).
+PIPELINE ?=
 .PHONY: ptf
 ptf: venv
-	$(PY) -m ptf_tests.run --target $(TARGET)
+	$(PY) -m ptf_tests.run --target $(TARGET) $(if $(PIPELINE),--pipeline $(PIPELINE))
 
 # The controller's job service stubs, committed. grpcio-tools 1.49.1's protoc writes code the pinned
 # protobuf 3.20 runtime loads (newer ones need protobuf >= 4); it runs in its own throwaway venv.
