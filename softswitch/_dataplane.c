@@ -17,7 +17,8 @@
  * flush()
  *     Every port's queue out with one sendmmsg each (call it outside the lock).
  *
- * Files: _dataplane_pipeline.c (the v1model program), _dataplane_io.c (ports), this one (the type).
+ * Files: _dataplane_pipeline.c (the v1model program), _dataplane_tables.c (table lookups),
+ * _dataplane_io.c (ports, bursts), _dataplane_gso.c (UDP GSO sends), this one (the type).
  */
 #include "_dataplane.h"
 

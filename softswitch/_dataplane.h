@@ -1,5 +1,5 @@
 /*
- * softswitch's native data plane: what the three C files share (see _dataplane.c for the overview).
+ * softswitch's native data plane: what its C files share (see _dataplane.c for the overview).
  *
  * No protocol number is written here: every offset, width, code and limit arrives at construction in
  * a dict built by softswitch/native.py from lhc_ina.constants, lhc_ina.wire and softswitch.program
@@ -103,8 +103,19 @@ typedef struct {
 /* _dataplane_pipeline.c: one frame through the v1model program; -1 with an exception set if a table
  * entry is unusable (the frame is then lost, as the Python pipeline's ValueError loses it). */
 int process_frame(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_port, Sink *sink);
+void ipv4_checksum(const Layout *L, uint8_t *rx);
+
+/* _dataplane_tables.c: the Python objects a burst reads, and lookups in them. */
 int snapshot_take(Engine *e);
 void snapshot_drop(Engine *e);
+/* dict.get(key) for an int key: borrowed, NULL on a miss (or with an exception set: check). */
+PyObject *lookup(PyObject *dict, uint64_t key);
+/* Whether an action call (name, *params) is `name` (1, 0, or -1 with an exception). */
+int is_action(PyObject *call, PyObject *name);
+/* Param `at` of an action call; `size`, when > 0, is the tuple length pipeline.py unpacks. */
+int param(PyObject *call, long at, long size, uint64_t *out);
+/* The action of ipv4_routes' longest matching prefix: borrowed, NULL on a miss (or with an exception). */
+PyObject *lpm_lookup(Engine *e, uint64_t value);
 
 /* _dataplane_io.c: ports, bursts and send queues. */
 int emit_frame(Engine *e, Sink *sink, long port, const uint8_t *frame, Py_ssize_t length);
@@ -113,7 +124,6 @@ void io_free(Engine *e);
 int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template);
 Py_ssize_t burst_receive(Engine *e, Port *port, int *error);
 int flush_all(Engine *e);
-void ipv4_checksum(const Layout *L, uint8_t *rx);
 
 /* _dataplane_gso.c: a UDP port's queue out, runs per destination as UDP GSO messages. */
 int gso_setup(Engine *e);
