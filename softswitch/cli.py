@@ -70,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"lhc-softswitch: {exc}", file=sys.stderr)
         return 2
-    if kind == "python" and args.pipeline is None and not native_available():
-        log.warning("the native pipeline (softswitch/_dataplane.c) is not built: running the python pipeline")
     index = P4InfoIndex.from_file()
     try:
         pipeline = Pipeline(index)
@@ -100,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     native = NativePipeline(pipeline, NATIVE_BURST) if kind == "native" else None
     dataplane = DataPlane(pipeline, ports, lock, native=native, on_failure=lambda _: stop.set())
-    log.info("data plane: the %s pipeline", kind)
+    # One line on stderr whatever the log level: which pipeline forwards, and why when it is not the default.
+    why = {"native": "C, softswitch/_dataplane.c", "python": "the reference model"}[kind]
+    if args.pipeline is None and not native_available():
+        why = "the native pipeline, softswitch/_dataplane.c, is not built"
+    print(f"lhc-softswitch: data plane: the {kind} pipeline ({why})", file=sys.stderr, flush=True)
     dataplane.start()
 
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -165,6 +165,7 @@ class UdpPort:
         self._rx = rx
         self._into = memoryview(rx)[FRAME_LHC:]
         local = socket.inet_aton(self.address[0])
+        #: The headers every received datagram gets (the native pipeline synthesizes from it too).
         self.template = self._frame_template(local, self.address[1])
         # Sum of the IPv4 header's 16-bit words that never change (everything but src, total_len, csum).
         words = struct.unpack(f"!{c.IPV4_BYTES // 2}H", self.template[FRAME_IPV4:FRAME_UDP])

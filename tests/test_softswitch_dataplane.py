@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -130,6 +131,23 @@ def test_lhc_softswitch_exits_1_when_its_data_plane_dies(monkeypatch, caplog):
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
     assert any("the data plane thread died" in m for m in messages)
     assert any("exiting with status 1" in m and "injected: the loop broke" in m for m in messages)
+
+
+def test_the_start_says_which_pipeline_forwards(monkeypatch, capsys):
+    """One line on stderr at start, whatever the log level; here the default falls back to python."""
+    monkeypatch.setattr("softswitch.native._native", None)
+    monkeypatch.setattr(cli.signal, "signal", lambda *_: None)
+
+    class StopAtOnce(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            return True
+
+    monkeypatch.setattr(cli, "threading", SimpleNamespace(Event=StopAtOnce, Lock=threading.Lock))
+    assert cli.main(["--grpc-addr", "127.0.0.1:0", "--udp", "1@127.0.0.1:0"]) == 0
+    out, err = capsys.readouterr()
+    assert out.split()[-1] == "pipeline=python"
+    assert "lhc-softswitch: data plane: the python pipeline (the native pipeline, softswitch/_dataplane.c, " \
+           "is not built)" in err
 
 
 def test_native_requested_where_it_is_not_built_is_a_clear_error(monkeypatch, capsys):
