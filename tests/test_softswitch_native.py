@@ -10,9 +10,11 @@ every counter and every register must agree bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import re
 import select
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +27,7 @@ from lhc_ina.jobs import ip_to_int as ip_int
 from lhc_ina.jobs import mac_to_int as mac_int
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.entities import Entities
-from softswitch.native import NativePipeline, native_available
+from softswitch.native import NativePipeline, layout, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.ports import PortSpec, UdpPort
 from softswitch.testing import (
@@ -326,3 +328,12 @@ def test_udp_bursts_match_the_python_port_and_pipeline():
     finally:
         for sock in [sender, *ports, *(s for side in ranks for s in side)]:
             sock.close()
+
+
+def test_the_layout_gives_the_c_code_exactly_the_numbers_it_names():
+    """Every number the C files use comes from native.layout() (the project's constants), and layout()
+    passes nothing the C files do not name."""
+    header = (Path(__file__).resolve().parent.parent / "softswitch" / "_dataplane.h").read_text()
+    block = header[header.index("#define LAYOUT_FIELDS(X)") : header.index("typedef struct {")]
+    named = set(re.findall(r"X\((\w+)\)", block))
+    assert set(layout(Pipeline(INDEX), 64)) == named
