@@ -60,7 +60,8 @@ typedef struct {
     struct iovec *iov;
     struct sockaddr_in *destinations; /* UDP: datagram i goes to destinations[i] */
     Py_ssize_t queued;
-    int gso; /* UDP: send runs to one destination with UDP_SEGMENT (off once the kernel refuses it) */
+    int gso;           /* UDP: send runs to one destination with UDP_SEGMENT */
+    int gso_refusals; /* runs the kernel refused; GSO goes off after a few */
     unsigned long long frames_in, dropped_non_udp, send_errors;
 } Port;
 

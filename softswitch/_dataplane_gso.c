@@ -7,7 +7,8 @@
  * same size, and GSO sends them in one trip. Receivers still get separate datagrams (the kernel splits
  * them unless the receiving socket asked for UDP_GRO). The order per destination is kept; between
  * destinations there is no order to keep (UDP promises none, and copies of one frame leave together).
- * A kernel that refuses GSO turns it off for the port: its datagrams then leave one message each.
+ * A refused run leaves one datagram per message; a port whose runs keep being refused (a kernel or route
+ * without UDP GSO) turns GSO off.
  */
 #define _GNU_SOURCE
 #include "_dataplane.h"
@@ -19,6 +20,8 @@
 
 /* The kernel's UDP_MAX_SEGMENTS (64 since UDP GSO came in 4.18; not in the uapi headers). */
 #define GSO_SEGMENTS 64
+/* GSO runs a port's kernel may refuse before the port sends one message per datagram for good. */
+#define GSO_REFUSALS 8
 /* Open addressing over (address, port): twice the queue, so a probe always ends. */
 #define TABLE_SLOTS 2048
 #define CONTROL_BYTES CMSG_SPACE(sizeof(uint16_t))
@@ -162,7 +165,10 @@ int gso_flush(Engine *e, Port *p, int *error)
             break;
         } else if (g->segments[next] > 1 && (errno == EINVAL || errno == EIO || errno == ENOPROTOOPT
                                             || errno == EOPNOTSUPP)) {
-            p->gso = 0; /* this kernel or route takes no GSO: from now on one message per datagram */
+            /* refused: this run leaves one datagram at a time; a kernel or route that keeps refusing GSO
+               (not one odd run, e.g. datagrams longer than the route's MTU) has it turned off */
+            if (++p->gso_refusals >= GSO_REFUSALS)
+                p->gso = 0;
             one_by_one(g, p, next++);
         } else { /* lost (full buffer, unreachable), the rest of the batch still leaves */
             p->send_errors += (unsigned long long)g->segments[next++];
