@@ -108,8 +108,9 @@ def test_native_and_python_engines_take_the_same_decisions(seed: int) -> None:
         arrived = switch.due(now)
         if rng.random() < 0.01:
             arrived.append((b"\x00" * 7, SWITCH))
-        sent_py, done_py = python.step(now, arrived)
-        sent_c, done_c = native.step(now, arrived)
+        recover = rng.random() < 0.8
+        sent_py, done_py = python.step(now, arrived, recover)
+        sent_c, done_c = native.step(now, arrived, recover)
         assert [bytes(p) for p in sent_py] == sent_c
         assert done_py == done_c
         assert _state(python) == _state(native)

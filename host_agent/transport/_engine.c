@@ -12,7 +12,7 @@
  *   .set_switch(host, port)          where results must come from, and where packets go
  *   .add(ident, first, raw, result)  a segment: raw = its packets' bytes, result = writable uint32 buffer
  *   .restart(epoch)                  everything starts over at position 0 (the window and RTT stay)
- *   .step(now, [(bytes, (host, port))]) -> ([bytes to send], [(ident, started)])   (no I/O: for tests)
+ *   .step(now, [(bytes, (host, port))], recover=True) -> ([bytes to send], [(ident, started)])  (no I/O)
  *   .pump(wake_fd, max_wait) -> [(ident, started)]   one turn of the I/O loop (see pump() below)
  *   .next_wakeup(), .stats(), .rtt(), .window(), .stalled(), .io_counters(), .next_free, .low
  * configure(constants): the constants shared with the reference (host_agent/transport/engines.py).
@@ -208,7 +208,8 @@ static PyObject *Engine_step(Engine *e, PyObject *args)
 {
     double now;
     PyObject *datagrams;
-    if (!PyArg_ParseTuple(args, "dO!", &now, &PyList_Type, &datagrams))
+    int recover = 1;
+    if (!PyArg_ParseTuple(args, "dO!|p", &now, &PyList_Type, &datagrams, &recover))
         return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(datagrams); i++) {
         const char *host;
@@ -224,7 +225,7 @@ static PyObject *Engine_step(Engine *e, PyObject *args)
         core_result(&e->core, now, view.buf, view.len, &from);
         PyBuffer_Release(&view);
     }
-    core_decide(&e->core, now);
+    core_decide(&e->core, now, recover);
     PyObject *out = PyList_New(0), *completed = PyList_New(0);
     if (out == NULL || completed == NULL || take_completed(&e->core, completed) == NULL)
         goto fail;
@@ -242,6 +243,13 @@ fail:
     Py_XDECREF(out);
     Py_XDECREF(completed);
     return NULL;
+}
+
+static double monotonic_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Messages for the n datagrams of tx_iov: GSO runs of up to GSO_MAX, or one per datagram. */
@@ -320,47 +328,10 @@ static void send_out(Engine *e)
     Py_END_ALLOW_THREADS
 }
 
-static double monotonic_now(void)
+/* Take what waits in the socket, a recvmmsg batch at a time (at most RX_BURST datagrams), each batch
+ * followed by the decisions it allows. */
+static void drain(Engine *e)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/*
- * One turn of the stream's I/O loop: decide and send what is due; sleep until a result, a wake-up on
- * wake_fd, or the next timer (at most max_wait s); then take results a batch per recvmmsg, each batch
- * followed by the decisions it allows, for at most RX_BURST datagrams. Returns the segments completed.
- */
-static PyObject *Engine_pump(Engine *e, PyObject *args)
-{
-    int wake_fd;
-    double max_wait;
-    if (!PyArg_ParseTuple(args, "id", &wake_fd, &max_wait))
-        return NULL;
-    if (!e->core.have_switch) {
-        PyErr_SetString(PyExc_RuntimeError, "pump() before set_switch()");
-        return NULL;
-    }
-    PyObject *completed = PyList_New(0);
-    if (completed == NULL)
-        return NULL;
-    double now = monotonic_now();
-    core_decide(&e->core, now);
-    send_out(e);
-    double wakeup = core_next_wakeup(&e->core), wait = max_wait;
-    if (wakeup >= 0 && wakeup - now < wait)
-        wait = wakeup - now > 0 ? wakeup - now : 0;
-    struct pollfd fds[2] = {{.fd = e->fd, .events = POLLIN}, {.fd = wake_fd, .events = POLLIN}};
-    int ready;
-    Py_BEGIN_ALLOW_THREADS
-    ready = poll(fds, 2, (int)ceil(wait * 1000.0));
-    if (ready > 0 && (fds[1].revents & POLLIN)) {
-        char sink[256];
-        while (read(wake_fd, sink, sizeof(sink)) > 0) {
-        }
-    }
-    Py_END_ALLOW_THREADS
     for (int taken = 0; taken < RX_BURST;) {
         int got;
         for (int i = 0; i < RX_BATCH; i++)
@@ -371,10 +342,10 @@ static PyObject *Engine_pump(Engine *e, PyObject *args)
         while (got < 0 && errno == EINTR);
         Py_END_ALLOW_THREADS
         if (got <= 0)
-            break;
+            return;
         e->io_received += got;
         taken += got;
-        now = monotonic_now();
+        double now = monotonic_now();
         for (int i = 0; i < got; i++) {
             int copies = 1;
             if (e->loss > 0 || e->duplicate > 0) {
@@ -390,10 +361,55 @@ static PyObject *Engine_pump(Engine *e, PyObject *args)
             for (int k = 0; k < copies; k++)
                 core_result(&e->core, now, e->rx[i], (Py_ssize_t)e->rx_msgs[i].msg_len, &e->rx_from[i]);
         }
-        core_decide(&e->core, now);
+        core_decide(&e->core, now, 0);  /* new packets at once; losses only once the socket is empty */
         send_out(e);
         if (got < RX_BATCH)
-            break;
+            return;
+    }
+}
+
+/*
+ * One turn of the stream's I/O loop: take the results already waiting (a process that was off the CPU
+ * must not fire timers for packets whose results sit unread in its socket), decide and send what is due,
+ * sleep until a result, a wake-up on wake_fd or the next timer (at most max_wait s), and take results
+ * again. Returns the segments completed.
+ */
+static PyObject *Engine_pump(Engine *e, PyObject *args)
+{
+    int wake_fd;
+    double max_wait;
+    if (!PyArg_ParseTuple(args, "id", &wake_fd, &max_wait))
+        return NULL;
+    if (!e->core.have_switch) {
+        PyErr_SetString(PyExc_RuntimeError, "pump() before set_switch()");
+        return NULL;
+    }
+    PyObject *completed = PyList_New(0);
+    if (completed == NULL)
+        return NULL;
+    drain(e);
+    double now = monotonic_now();
+    core_decide(&e->core, now, 1);
+    send_out(e);
+    double wakeup = core_next_wakeup(&e->core), wait = max_wait;
+    if (e->core.n_done)
+        wait = 0;  /* a segment is done: hand it up before sleeping */
+    else if (wakeup >= 0 && wakeup - now < wait)
+        wait = wakeup - now > 0 ? wakeup - now : 0;
+    struct pollfd fds[2] = {{.fd = e->fd, .events = POLLIN}, {.fd = wake_fd, .events = POLLIN}};
+    int ready;
+    Py_BEGIN_ALLOW_THREADS
+    ready = poll(fds, 2, (int)ceil(wait * 1000.0));
+    if (ready > 0 && (fds[1].revents & POLLIN)) {
+        char sink[256];
+        while (read(wake_fd, sink, sizeof(sink)) > 0) {
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (ready > 0 && (fds[0].revents & POLLIN)) {
+        drain(e);
+        core_decide(&e->core, monotonic_now(), 1);
+        send_out(e);
     }
     if (take_completed(&e->core, completed) == NULL) {
         Py_DECREF(completed);

@@ -149,17 +149,20 @@ class PacketEngine:
         return self._low
 
     # --- one step ------------------------------------------------------------------------------------
-    def step(self, now: float, datagrams: list[tuple[bytes | memoryview, tuple[str, int]]]
-             ) -> tuple[list[bytes], list[tuple[int, float]]]:
+    def step(self, now: float, datagrams: list[tuple[bytes | memoryview, tuple[str, int]]],
+             recover: bool = True) -> tuple[list[bytes], list[tuple[int, float]]]:
         """Take ``datagrams`` (payload, source) and decide what leaves at ``now``: (datagrams to send, in
-        order; segments completed, as (ident, started))."""
+        order; segments completed, as (ident, started)). ``recover`` False leaves losses (steps 2 and 3)
+        for later: the I/O loop sends new packets after each batch it drains, but looks for losses only
+        once the socket is empty, so a result still unread is never taken for a loss."""
         completed: list[tuple[int, float]] = []
         for datagram, source in datagrams:
             self._check_result(now, datagram, source, completed)
         out: list[bytes] = []
-        self._fast_retransmit(now, out)
-        if not self._timers(now, out):
-            return out, completed
+        if recover:
+            self._fast_retransmit(now, out)
+            if not self._timers(now, out):
+                return out, completed
         self._send_new(now, out)
         return out, completed
 

@@ -256,8 +256,10 @@ static void resend(Core *c, double now, long long position, Flight *flight)  /* 
     window_on_loss(c, now, pause_s(c), flight->retries > 1);
 }
 
-void core_decide(Core *c, double now)  /* PacketEngine.step, after the results */
+void core_decide(Core *c, double now, int recover)  /* PacketEngine.step, after the results */
 {
+    if (!recover)
+        goto send_new;
     /* _fast_retransmit */
     double pause = pause_s(c);
     long long gap_end = c->highest - g.duplicate_threshold + 1;
@@ -283,7 +285,7 @@ void core_decide(Core *c, double now)  /* PacketEngine.step, after the results *
         resend(c, now, p, flight);
         c->timer_retransmissions++;
     }
-    /* _send_new */
+send_new:  /* _send_new */
     long long limit = c->low + c->slot_count < c->next_free ? c->low + c->slot_count : c->next_free;
     long long window = c->wsize < 1.0 ? 1 : (long long)c->wsize;
     while (c->send_next < limit && c->inflight < window) {

@@ -85,7 +85,8 @@ void core_restart(Core *c, unsigned epoch);
 int core_from_switch(const Core *c, const struct sockaddr_in *from);
 void core_result(Core *c, double now, const unsigned char *datagram, Py_ssize_t length,
                  const struct sockaddr_in *from);
-void core_decide(Core *c, double now);
+/* Fast retransmits and timers (when ``recover``), then new packets, into c->out. */
+void core_decide(Core *c, double now, int recover);
 double core_next_wakeup(const Core *c);
 
 #endif
