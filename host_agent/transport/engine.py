@@ -17,8 +17,12 @@ One ``step(now, datagrams)`` takes the results that arrived, then decides what l
    again at once, at most once per smoothed round trip. Every worker sees the same gap, so a lost round
    costs about one round trip, not a timer.
 3. **Timers**, for what the gap cannot show (the last packets of a burst): RFC 6298 with Karn's rule and
-   backoff, floored by the path's own round trip (``window.RoundTrip``). A packet older than
-   ``timeout_s`` stalls the stream (``stalled``): the caller fails it, naming the silent workers.
+   backoff, floored by the path's own round trip (``window.RoundTrip``). A result that comes back sooner
+   after a resend than any round trip can take answers the first send: the timer fired early, and that
+   send's round trip, a true one, goes into the estimator (Eifel), so a host whose scheduling delays
+   exceed its smoothed round trip learns a longer timer instead of resending on every delay. A packet
+   older than ``timeout_s`` stalls the stream (``stalled``): the caller fails it, naming the silent
+   workers.
 4. **New packets**, as far as the window and the shadow-copy rule allow (never p + S before p's result).
 
 Each loss also tells the window, which halves only when the delay says the path is congested.
@@ -54,6 +58,7 @@ class EngineStats:
     retransmissions: int = 0  # fast + timer
     fast_retransmissions: int = 0
     timer_retransmissions: int = 0
+    spurious_retransmissions: int = 0  # found to have been needless (the original's answer came back)
     results: int = 0
     duplicate_results: int = 0
     stale_results: int = 0
@@ -211,6 +216,11 @@ class PacketEngine:
             rtt = now - flight.first_sent
             self.rtt.sample(rtt)
             self.window.on_result(rtt)
+        elif flight.retries == 1 and now - flight.last_sent < self.window.min_rtt:
+            # Back sooner than any round trip after the resend: the answer to the first send, so the
+            # timer fired early (Eifel). Its round trip is a true one: the timer learns it.
+            stats.spurious_retransmissions += 1
+            self.rtt.sample(now - flight.first_sent)
         self._received[slot] = True
         self._inflight -= 1
         self._highest = max(self._highest, position)

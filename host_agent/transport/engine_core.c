@@ -222,6 +222,9 @@ void core_result(Core *c, double now, const unsigned char *d, Py_ssize_t length,
         double rtt = now - flight->first_sent;
         rtt_sample(c, rtt);
         window_on_result(c, rtt);
+    } else if (flight->retries == 1 && now - flight->last_sent < c->min_rtt) {
+        c->spurious_retransmissions++;  /* Eifel: the first send's answer; its round trip is true */
+        rtt_sample(c, now - flight->first_sent);
     }
     c->received[slot] = 1;
     c->inflight--;

@@ -73,7 +73,8 @@ typedef struct {
     long long stall_position, stall_sends;
     double stall_age;
     /* counters (engine.EngineStats) */
-    long long packets_sent, fast_retransmissions, timer_retransmissions, results, duplicate_results,
+    long long packets_sent, fast_retransmissions, timer_retransmissions, spurious_retransmissions, results,
+        duplicate_results,
         stale_results, partial_results, foreign_packets;
 } Core;
 
