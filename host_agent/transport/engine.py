@@ -268,7 +268,12 @@ class PacketEngine:
                 self.stats.fast_retransmissions += 1
 
     def _timers(self, now: float, out: list[bytes]) -> bool:
-        """Resend what timed out; False (and ``stalled`` set) if a packet is past ``timeout_s``."""
+        """Resend the oldest packet that timed out and re-arm the others' timers; False (and ``stalled``
+        set) if a packet is past ``timeout_s``. One at a time, as TCP's timeout resends only the first
+        segment: when every timer in flight fires at once, the cause is far more often a peer that was off
+        the CPU (the switch holds the round for it) than a whole window lost, and the gap in the results
+        finds the losses among the rest once answers flow again."""
+        resent = False
         for position in range(self._low, self._send_next):
             slot = position % self.who.slot_count
             flight = self._ring[slot]
@@ -277,8 +282,12 @@ class PacketEngine:
             if now - flight.first_sent > self.timeout_s:
                 self.stalled = Stalled(position, flight.retries + 1, now - flight.first_sent)
                 return False
+            if resent:
+                flight.deadline = now + self.rtt.rto
+                continue
             self._resend(now, position, flight, out)
             self.stats.timer_retransmissions += 1
+            resent = True
         return True
 
     def _send_new(self, now: float, out: list[bytes]) -> None:

@@ -274,7 +274,8 @@ void core_decide(Core *c, double now, int recover)  /* PacketEngine.step, after 
             c->fast_retransmissions++;
         }
     }
-    /* _timers */
+    /* _timers: the oldest expired packet is resent, the others' timers re-armed */
+    int resent = 0;
     for (long long p = c->low; p < c->send_next; p++) {
         unsigned slot = (unsigned)(p % c->slot_count);
         Flight *flight = &c->ring[slot];
@@ -285,8 +286,13 @@ void core_decide(Core *c, double now, int recover)  /* PacketEngine.step, after 
             c->stall_position = p, c->stall_sends = flight->retries + 1, c->stall_age = now - flight->first_sent;
             return;
         }
+        if (resent) {
+            flight->deadline = now + c->rto;
+            continue;
+        }
         resend(c, now, p, flight);
         c->timer_retransmissions++;
+        resent = 1;
     }
 send_new:  /* _send_new */
     long long limit = c->low + c->slot_count < c->next_free ? c->low + c->slot_count : c->next_free;
