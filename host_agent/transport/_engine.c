@@ -430,10 +430,9 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused)
 {
     Core *c = &e->core;
     return Py_BuildValue(
-        "{sLsLsLsLsLsLsLsLsLsL}", "packets_sent", c->packets_sent, "retransmissions",
+        "{sLsLsLsLsLsLsLsLsL}", "packets_sent", c->packets_sent, "retransmissions",
         c->fast_retransmissions + c->timer_retransmissions, "fast_retransmissions", c->fast_retransmissions,
-        "timer_retransmissions", c->timer_retransmissions, "spurious_retransmissions",
-        c->spurious_retransmissions, "results", c->results, "duplicate_results",
+        "timer_retransmissions", c->timer_retransmissions, "results", c->results, "duplicate_results",
         c->duplicate_results, "stale_results", c->stale_results, "partial_results", c->partial_results,
         "foreign_packets", c->foreign_packets);
 }

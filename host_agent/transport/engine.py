@@ -12,17 +12,16 @@ One ``step(now, datagrams)`` takes the results that arrived, then decides what l
 1. **Results.** A datagram counts only if it passes the host's checks (docs/protocol.md §5): from the
    switch, a RESULT or RESULT_RETX of this job and epoch, for a position still waited for, with every
    worker's bit. Its payload goes to the segment's buffer at the packet's offset.
-2. **Fast retransmit.** Results come back in stream order: once results for ``DUPLICATE_THRESHOLD``
-   later positions are in while p's is not, p was lost on the way up (from some worker) or down. p is sent
-   again at once, at most once per smoothed round trip. Every worker sees the same gap, so a lost round
-   costs about one round trip, not a timer.
+2. **Fast retransmit.** Results come back in stream order (every worker sends in order, and the switch
+   completes a round when its last packet arrives, so round p completes before round p + 1). Once a
+   result for a later position is in (``DUPLICATE_THRESHOLD`` of them) while p's is not, p was lost on
+   the way up (from some worker) or down; p is sent again at once, at most once per smoothed round trip
+   (which also absorbs reordering on a real network, as RACK's time window does). Every worker sees the
+   same gap, so a lost round costs about one round trip, not a timer.
 3. **Timers**, for what the gap cannot show (the last packets of a burst): RFC 6298 with Karn's rule and
-   backoff, floored by the path's own round trip (``window.RoundTrip``). A result that comes back sooner
-   after a resend than any round trip can take answers the first send: the timer fired early, and that
-   send's round trip, a true one, goes into the estimator (Eifel), so a host whose scheduling delays
-   exceed its smoothed round trip learns a longer timer instead of resending on every delay. A packet
-   older than ``timeout_s`` stalls the stream (``stalled``): the caller fails it, naming the silent
-   workers.
+   backoff, floored by the path's own round trip (``window.RoundTrip``). A timeout resends only the
+   oldest packet. A packet older than ``timeout_s`` stalls the stream (``stalled``): the caller fails it,
+   naming the silent workers.
 4. **New packets**, as far as the window and the shadow-copy rule allow (never p + S before p's result).
 
 Each loss also tells the window, which halves only when the delay says the path is congested.
@@ -40,7 +39,7 @@ from host_agent.transport.window import RoundTrip, Window
 from lhc_ina import constants as c
 
 #: Results for this many later positions, and still none for p: p is lost.
-DUPLICATE_THRESHOLD = 3
+DUPLICATE_THRESHOLD = 1
 #: What the engine reads of a result, in one unpack: byte 0 (type, op, ver, flags), job, epoch, seq,
 #: bitmap (offsets checked against lhc_ina.wire by packets.py).
 _RESULT_FIELDS = struct.Struct("!B1xH2xHII")
@@ -58,7 +57,6 @@ class EngineStats:
     retransmissions: int = 0  # fast + timer
     fast_retransmissions: int = 0
     timer_retransmissions: int = 0
-    spurious_retransmissions: int = 0  # found to have been needless (the original's answer came back)
     results: int = 0
     duplicate_results: int = 0
     stale_results: int = 0
@@ -216,11 +214,7 @@ class PacketEngine:
             rtt = now - flight.first_sent
             self.rtt.sample(rtt)
             self.window.on_result(rtt)
-        elif flight.retries == 1 and now - flight.last_sent < self.window.min_rtt:
-            # Back sooner than any round trip after the resend: the answer to the first send, so the
-            # timer fired early (Eifel). Its round trip is a true one: the timer learns it.
-            stats.spurious_retransmissions += 1
-            self.rtt.sample(now - flight.first_sent)
+
         self._received[slot] = True
         self._inflight -= 1
         self._highest = max(self._highest, position)
@@ -254,7 +248,7 @@ class PacketEngine:
         flight.deadline = now + self.rtt.backoff(flight.retries)
         self.stats.retransmissions += 1
         self.stats.packets_sent += 1
-        self.window.on_loss(now, self.rtt.srtt or self.rtt.rto, repeated=flight.retries > 1)
+        self.window.on_loss(now, self.rtt.srtt or self.rtt.rto)
 
     def _fast_retransmit(self, now: float, out: list[bytes]) -> None:
         """Resend every position with ``DUPLICATE_THRESHOLD`` later results in and its own missing, at most

@@ -150,16 +150,15 @@ static double pause_s(const Core *c) { return c->have_srtt && c->srtt != 0.0 ? c
 static void window_on_result(Core *c, double rtt)  /* Window.on_result */
 {
     c->min_rtt = min2(c->min_rtt, rtt);
-    c->queueing = rtt > max2(2 * c->min_rtt, c->min_rtt + g.queue_target);
-    if (c->queueing)
+    if (rtt > max2(2 * c->min_rtt, c->min_rtt + g.queue_target))
         c->wsize = max2(1.0, c->wsize - 1.0 / c->wsize);
     else
         c->wsize = min2((double)c->slot_count, c->wsize + 1.0 / c->wsize);
 }
 
-static void window_on_loss(Core *c, double now, double rtt, int repeated)  /* Window.on_loss */
+static void window_on_loss(Core *c, double now, double rtt)  /* Window.on_loss */
 {
-    if ((c->queueing || repeated) && now - c->last_decrease >= rtt) {
+    if (rtt > max2(2 * c->min_rtt, c->min_rtt + g.queue_target) && now - c->last_decrease >= rtt) {
         c->wsize = max2(1.0, c->wsize / 2);
         c->last_decrease = now;
         c->decreases++;
@@ -222,9 +221,6 @@ void core_result(Core *c, double now, const unsigned char *d, Py_ssize_t length,
         double rtt = now - flight->first_sent;
         rtt_sample(c, rtt);
         window_on_result(c, rtt);
-    } else if (flight->retries == 1 && now - flight->last_sent < c->min_rtt) {
-        c->spurious_retransmissions++;  /* Eifel: the first send's answer; its round trip is true */
-        rtt_sample(c, now - flight->first_sent);
     }
     c->received[slot] = 1;
     c->inflight--;
@@ -256,7 +252,7 @@ static void resend(Core *c, double now, long long position, Flight *flight)  /* 
     flight->last_sent = now;
     flight->deadline = now + min2(g.max_rto, c->rto * ldexp(1.0, (int)flight->retries));
     c->packets_sent++;
-    window_on_loss(c, now, pause_s(c), flight->retries > 1);
+    window_on_loss(c, now, pause_s(c));
 }
 
 void core_decide(Core *c, double now, int recover)  /* PacketEngine.step, after the results */

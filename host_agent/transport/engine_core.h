@@ -56,7 +56,6 @@ typedef struct {
     /* window (window.Window) */
     double wsize, min_rtt, last_decrease;
     long long decreases;
-    int queueing;
     /* positions */
     long long next_free, send_next, low, highest, inflight;
     Flight *ring;
@@ -73,8 +72,7 @@ typedef struct {
     long long stall_position, stall_sends;
     double stall_age;
     /* counters (engine.EngineStats) */
-    long long packets_sent, fast_retransmissions, timer_retransmissions, spurious_retransmissions, results,
-        duplicate_results,
+    long long packets_sent, fast_retransmissions, timer_retransmissions, results, duplicate_results,
         stale_results, partial_results, foreign_packets;
 } Core;
 

@@ -4,8 +4,8 @@ The switch gives no congestion signal: BMv2 drops what it cannot forward without
 the same under load. The signals are the host's own round trips. A round trip well above the smallest
 seen means a queue is building: the window stops growing and shrinks by one packet per window. A loss
 (found by the gap in the results, or by a timer) halves the window, at most once per round trip, only
-when the delay says a queue was building (or the same packet was lost again): a loss on a clean path is
-random loss, and halving for it would only slow a lossy link down to stop-and-wait. Otherwise the window
+when the smoothed delay says a queue is building: a loss on a clean path is random loss, and halving for
+it would only slow a lossy link down to stop-and-wait. Otherwise the window
 grows by one packet per round trip.
 
 The timer follows TCP's estimator (RFC 6298): smoothed RTT plus four deviations, from packets sent once
@@ -72,26 +72,30 @@ class Window:
         self._last_decrease = float("-inf")
         self.decreases = 0
         self.min_rtt = float("inf")
-        self.queueing = False  # the latest round trip said a queue was building
 
     @property
     def packets(self) -> int:
         return max(1, int(self.size))
 
+    def congested(self, rtt: float) -> bool:
+        """Whether ``rtt`` says a queue is building: well above the smallest round trip seen."""
+        return rtt > max(2 * self.min_rtt, self.min_rtt + QUEUE_TARGET_S)
+
     def on_result(self, rtt: float) -> None:
         """A result of a packet sent once, ``rtt`` after it left: one more packet per window's worth of
         results while the queue is short, one fewer while it is long."""
         self.min_rtt = min(self.min_rtt, rtt)
-        self.queueing = rtt > max(2 * self.min_rtt, self.min_rtt + QUEUE_TARGET_S)
-        if self.queueing:
+        if self.congested(rtt):
             self.size = max(1.0, self.size - 1.0 / self.size)
         else:
             self.size = min(float(self.limit), self.size + 1.0 / self.size)
 
-    def on_loss(self, now: float, rtt: float, repeated: bool) -> None:
-        """A packet was lost (``repeated``: not for the first time). Halve, once per round trip, if the
-        delay says the path is congested or the packet keeps getting lost; keep the window otherwise."""
-        if (self.queueing or repeated) and now - self._last_decrease >= rtt:
+    def on_loss(self, now: float, srtt: float) -> None:
+        """A packet was lost. Halve, once per round trip, if the smoothed round trip says the path is
+        congested; keep the window otherwise. The smoothed value, not the latest sample: under random
+        loss single samples include a peer's recovery of its own loss, which is no queue. A packet lost
+        again is no sign either: at 10% random loss one resend in five is."""
+        if self.congested(srtt) and now - self._last_decrease >= srtt:
             self.size = max(1.0, self.size / 2)
             self._last_decrease = now
             self.decreases += 1
