@@ -4,11 +4,16 @@ parameters and the largest gradient seen.
 
     python tests/ddp_rank.py RANK WORLD MASTER OUT --hook none|pg|switch [--controller A --job J]
         [--steps N] [--integer] [--save-at K PREFIX] [--resume PREFIX] [--device cpu|cuda]
+        [--amp [--overflow-at K]]
+
+``--amp`` trains under autocast with a GradScaler (bfloat16 on CPU, float16 on CUDA) and saves the scale
+after every step; ``--overflow-at K`` makes rank 1's loss infinite at step K, as an fp16 overflow would.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 import torch
@@ -59,6 +64,8 @@ def main() -> None:
     parser.add_argument("--save-at", nargs=2)
     parser.add_argument("--resume")
     parser.add_argument("--device", default="cpu", help="cuda runs on NCCL, cpu on Gloo")
+    parser.add_argument("--amp", action="store_true")
+    parser.add_argument("--overflow-at", type=int, default=-1)
     args = parser.parse_args()
     torch.manual_seed(0)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -82,21 +89,32 @@ def main() -> None:
             state.load_state_dict(checkpoint["hook"])
         ddp.register_comm_hook(state, lhc_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
-    largest = 0.0
+    device_type = torch.device(args.device).type
+    scaler = torch.amp.GradScaler(device_type, enabled=args.amp)
+    half = torch.float16 if device_type == "cuda" else torch.bfloat16
+    largest, scales = 0.0, []
     for step in range(start, args.steps):
         if args.save_at and step == int(args.save_at[0]):
             torch.save({"model": model.state_dict(), "step": step,
                         "hook": state.state_dict() if state else None}, f"{args.save_at[1]}.{args.rank}")
         ids, weights = (t.to(args.device) for t in batch(args.rank, step, args.integer))
-        loss = (ddp(ids) * weights).sum()
+        with torch.autocast(device_type, dtype=half, enabled=args.amp):
+            loss = (ddp(ids) * weights).sum()
+        if step == args.overflow_at and args.rank == 1:
+            loss = loss * float("inf")
         optimizer.zero_grad()
-        loss.backward()
-        largest = max(largest, max(float(p.grad.abs().max()) for p in ddp.parameters()))
-        optimizer.step()
+        scaler.scale(loss).backward()
+        scale = scaler.get_scale() if args.amp else 1.0
+        grads = [float(p.grad.abs().max()) / scale for p in ddp.parameters()]
+        if all(map(math.isfinite, grads)):
+            largest = max(largest, *grads)
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale() if args.amp else 1.0)
     if state is not None:
         state.close()
     params = [p.detach().cpu().clone() for p in model.parameters()]
-    torch.save({"params": params, "largest_grad": largest}, args.out)
+    torch.save({"params": params, "largest_grad": largest, "scales": scales}, args.out)
     dist.destroy_process_group()
 
 

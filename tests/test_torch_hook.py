@@ -64,17 +64,36 @@ def test_integer_gradients_give_plain_ddp_bit_for_bit(tmp_path: Path, hook: str,
     assert_same_params(train(tmp_path, hook, "--integer", stack=stack), plain)
 
 
-def test_float_gradients_stay_within_the_quantization_bound(tmp_path: Path) -> None:
+def assert_within_the_bound(plain: list[dict], hooked: list[dict], steps: int) -> None:
     """Per step, each averaged gradient element is off by at most 2^-(31-k) * max|g| + 2^-23 * |g|
     (quantize.py's bound over W workers, divided by W); the parameters by lr times that, summed."""
-    steps = 6
-    plain = train(tmp_path, "none", "--steps", str(steps))
-    hooked = train(tmp_path, "pg", "--steps", str(steps))
     largest = max(r["largest_grad"] for r in plain + hooked)
     bound = steps * 2.0**-4 * (2.0 ** -(31 - WORLD.bit_length()) * largest * 2 + 2.0**-23 * largest)
     for rank_a, rank_b in zip(plain, hooked, strict=True):
         for pa, pb in zip(rank_a["params"], rank_b["params"], strict=True):
             assert float((pa - pb).abs().max()) <= bound + 2.0**-24 * float(pa.abs().max())
+
+
+def test_float_gradients_stay_within_the_quantization_bound(tmp_path: Path) -> None:
+    steps = 6
+    plain = train(tmp_path, "none", "--steps", str(steps))
+    assert_within_the_bound(plain, train(tmp_path, "pg", "--steps", str(steps)), steps)
+
+
+@pytest.mark.parametrize("hook", ["pg", "switch"])
+def test_an_amp_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path: Path, hook: str, stack) -> None:
+    """autocast + GradScaler, rank 1's loss infinite at step 2: as with plain DDP, every rank's scaler sees
+    the overflow (the bucket comes back non-finite, no error), skips that step and halves the scale; the
+    other steps train, to plain DDP's parameters within the quantization bound."""
+    steps, overflow = 6, 2
+    args = ("--amp", "--steps", str(steps), "--overflow-at", str(overflow))
+    plain = train(tmp_path, "none", *args)
+    hooked = train(tmp_path, hook, *args, stack=stack)
+    scales = plain[0]["scales"]
+    assert scales[overflow] == scales[overflow - 1] / 2 and len(set(scales)) == 2, scales
+    assert all(run["scales"] == scales for run in plain + hooked), [run["scales"] for run in hooked]
+    assert all(bool(param.isfinite().all()) for run in hooked for param in run["params"])
+    assert_within_the_bound(plain, hooked, steps)
 
 
 def test_a_checkpoint_resumes_to_the_same_parameters(tmp_path: Path) -> None:
