@@ -21,6 +21,7 @@ interleaves its collectives with the caller's on one group.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -87,6 +88,9 @@ class LhcProcessGroup(dist.ProcessGroup):
     def __init__(self, store: Store, rank: int, size: int, timeout: timedelta, config: LhcConfig) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
+        self._group_name = ""
+        #: calls lhc aggregated, by collective (what a test or a log checks went through lhc)
+        self.aggregated: Counter[str] = Counter()
         self.inner = _gloo_and_nccl(store, rank, size, timeout, "inner")
         self.config = config
         self.job: str | None = None
@@ -106,6 +110,14 @@ class LhcProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
+    # A ProcessGroup keeps its name in its backends, and this one has none: DeviceMesh (FSDP) reads it.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
     def shutdown(self) -> None:
         """Leave the job (``destroy_process_group`` calls this)."""
         self.agent.close()
@@ -117,6 +129,7 @@ class LhcProcessGroup(dist.ProcessGroup):
         if len(tensors) != 1 or not _routed(tensors, opts.reduceOp):
             return self.inner.allreduce(tensors, opts)
         tensor = tensors[0]
+        self.aggregated["all_reduce"] += 1
         return self._aggregate(tensor, opts.reduceOp, lambda total: tensor.copy_(total.view_as(tensor)),
                                [tensor])
 
@@ -130,6 +143,7 @@ class LhcProcessGroup(dist.ProcessGroup):
         if input.numel() != n * self._size:
             raise ValueError(f"reduce_scatter: input of {input.numel()} elements for {self._size} x {n}")
         shard = slice(self._rank * n, (self._rank + 1) * n)
+        self.aggregated["reduce_scatter"] += 1
         return self._aggregate(input, opts.reduceOp,
                                lambda total: output.copy_(total.reshape(-1)[shard].view_as(output)), output)
 

@@ -2,12 +2,14 @@
 DDP allreduce or with the lhc hook (process group or switch), optionally checkpoint or resume, and save the
 parameters and the largest gradient seen.
 
-    python tests/ddp_rank.py RANK WORLD MASTER OUT --hook none|pg|switch [--controller A --job J]
+    python tests/ddp_rank.py RANK WORLD MASTER OUT --hook none|pg|switch|backend [--controller A --job J]
         [--steps N] [--integer] [--save-at K PREFIX] [--resume PREFIX] [--device cpu|cuda]
         [--amp [--overflow-at K]]
 
 ``--amp`` trains under autocast with a GradScaler (bfloat16 on CPU, float16 on CUDA) and saves the scale
 after every step; ``--overflow-at K`` makes rank 1's loss infinite at step K, as an fp16 overflow would.
+``--hook backend`` registers no hook: the process group is the ``lhc`` backend (its job, if any, from
+the environment), through which plain DDP's allreduce goes.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def main() -> None:
     parser.add_argument("world", type=int)
     parser.add_argument("master")
     parser.add_argument("out")
-    parser.add_argument("--hook", choices=["none", "pg", "switch"], required=True)
+    parser.add_argument("--hook", choices=["none", "pg", "switch", "backend"], required=True)
     parser.add_argument("--controller")
     parser.add_argument("--job")
     parser.add_argument("--steps", type=int, default=6)
@@ -70,6 +72,10 @@ def main() -> None:
     torch.manual_seed(0)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     backend = "nccl" if args.device == "cuda" else "gloo"
+    if args.hook == "backend":
+        import host_agent.torch_backend  # noqa: F401 - registers "lhc"
+
+        backend = "lhc"
     master = f"tcp://{args.master}"
     dist.init_process_group(backend, init_method=master, rank=args.rank, world_size=args.world)
     model = Tiny(args.integer).to(args.device)
@@ -114,7 +120,8 @@ def main() -> None:
     if state is not None:
         state.close()
     params = [p.detach().cpu().clone() for p in model.parameters()]
-    torch.save({"params": params, "largest_grad": largest, "scales": scales}, args.out)
+    aggregated = dict(getattr(dist.group.WORLD, "aggregated", {}))  # the lhc backend's count
+    torch.save({"params": params, "largest_grad": largest, "scales": scales, "lhc": aggregated}, args.out)
     dist.destroy_process_group()
 
 
