@@ -95,17 +95,17 @@ class LhcProcessGroup(dist.ProcessGroup):
         self.config = config
         self.job: str | None = None
         if config.controller and config.job not in _JOBS_IN_USE:
-            self.job = config.job
-            _JOBS_IN_USE.add(self.job)
             self.agent = Agent.join(config.controller, config.job, mode=config.mode, world_size=size,
                                     token=config.token, ip=config.ip, host=config.host)
+            self.job = config.job
+            _JOBS_IN_USE.add(self.job)
         else:
             from host_agent.process_group import ProcessGroupBackend
 
             codec = _gloo_and_nccl(store, rank, size, timeout, "codec")
-            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-            self.agent = Agent(ProcessGroupBackend(codec, device=device or torch.device("cpu")),
-                               mode=config.mode)
+            cuda = torch.cuda.is_available()  # then the codec's group is NCCL's
+            device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+            self.agent = Agent(ProcessGroupBackend(codec, device=device), mode=config.mode)
 
     def getBackendName(self) -> str:
         return BACKEND

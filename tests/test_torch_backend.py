@@ -90,3 +90,14 @@ def test_fsdp_trains_through_lhc_on_cuda(tmp_path: Path) -> None:
                      "--device", "cuda", world=1)
     assert ours[0]["lhc"].get("reduce_scatter", 0) > 0
     assert_fsdp_within_the_bound(plain, ours, steps)
+
+
+def test_the_job_comes_from_the_environment() -> None:
+    from host_agent.torch_backend import LhcConfig
+
+    config = LhcConfig.from_env({"LHC_CONTROLLER": "10.0.0.1:9560", "LHC_JOB": "train", "LHC_TOKEN": "t",
+                                 "LHC_MODE": "union", "LHC_IP": "10.0.1.2"})
+    assert config == LhcConfig("10.0.0.1:9560", "train", "t", "union", "10.0.1.2", "")
+    assert LhcConfig.from_env({}) == LhcConfig()  # no controller: the process-group codec
+    with pytest.raises(ValueError, match="LHC_JOB"):
+        LhcConfig.from_env({"LHC_CONTROLLER": "10.0.0.1:9560"})
