@@ -1,10 +1,15 @@
-"""Train a small recommender with DDP under torchrun, its gradients aggregated by the lhc hook.
+"""Train a small recommender with DDP under torchrun: a plain DDP script, which lhc serves three ways.
 
-    torchrun --nproc-per-node 2 examples/train_ddp.py                       # over the process group
-    torchrun --nproc-per-node 2 examples/train_ddp.py --controller HOST:PORT --job NAME   # the switch
+    torchrun --nproc-per-node 2 examples/train_ddp.py                                   # plain Gloo
+    LHC_DISTRIBUTED=1 torchrun --nproc-per-node 2 examples/train_ddp.py                 # lhc, no switch
+    LHC_DISTRIBUTED=1 LHC_CONTROLLER=HOST:PORT LHC_JOB=NAME \\
+        torchrun --nproc-per-node 2 examples/train_ddp.py                               # lhc, the switch
+    torchrun --nproc-per-node 2 examples/train_ddp.py --hook [--controller HOST:PORT --job NAME]
 
-With ``--controller``, create the job first (``lhc-controller job create NAME --workers 2``). The one
-line that differs from a plain DDP script is ``model.register_comm_hook(state, lhc_hook)``.
+The environment picks the ``lhc`` torch.distributed backend for the unchanged script (docs/pytorch.md);
+``--hook`` instead registers lhc's DDP communication hook on this model, over the process group or, with
+``--controller``, through the switch. With a controller, create the job first (``lhc-controller job
+create NAME --workers 2``).
 """
 
 from __future__ import annotations
@@ -16,14 +21,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from host_agent.torch_hook import LhcHookState, lhc_hook
 from lhc_demo.recsys import DemoConfig, Recommender, SyntheticClicks, make_optimizer
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--controller", help="the lhc controller (HOST:PORT); default: the process group")
-    parser.add_argument("--job", help="the job created on the controller")
+    parser.add_argument("--hook", action="store_true", help="register lhc's DDP communication hook")
+    parser.add_argument("--controller", help="with --hook: the lhc controller (HOST:PORT)")
+    parser.add_argument("--job", help="with --hook: the job created on the controller")
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -32,11 +37,15 @@ def main() -> None:
     config = DemoConfig(users=5000, items=5000)
     data = SyntheticClicks(config)
     model = DistributedDataParallel(Recommender(config))
-    if args.controller:
-        state = LhcHookState.join(args.controller, args.job)
-    else:
-        state = LhcHookState.from_process_group()
-    model.register_comm_hook(state, lhc_hook)
+    state = None
+    if args.hook:
+        from host_agent.torch_hook import LhcHookState, lhc_hook
+
+        if args.controller:
+            state = LhcHookState.join(args.controller, args.job)
+        else:
+            state = LhcHookState.from_process_group()
+        model.register_comm_hook(state, lhc_hook)
     optimizer = make_optimizer(model.module, config)
     for step in range(args.steps):
         users, items, clicked = data.batch(rank, step)
@@ -44,11 +53,14 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        stats = state.pop_step_stats()
+        wire = ""
+        if state is not None:
+            stats = state.pop_step_stats()
+            wire = f" wire {stats['bytes_sent'] / 1e3:.1f} kB compression {stats['compression_ratio']:.1f}x"
         if rank == 0:
-            print(f"step {step} loss {loss.item():.6f} wire {stats['bytes_sent'] / 1e3:.1f} kB "
-                  f"compression {stats['compression_ratio']:.1f}x", flush=True)
-    state.close()
+            print(f"step {step} loss {loss.item():.9g} backend {dist.get_backend()}{wire}", flush=True)
+    if state is not None:
+        state.close()
     dist.destroy_process_group()
 
 

@@ -260,6 +260,7 @@ class Agent:
             "network_s": network_s,
             "decode_s": codec_stats.get("decode_s") or 0.0,
             "encoded_ahead": call.prepared_ahead,
+            "nonfinite_ranks": codec_stats.get("nonfinite_ranks", []),  # the total is all NaN if any
             "codec": codec_stats,
             "transport": counters,
         }

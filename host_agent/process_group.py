@@ -61,15 +61,23 @@ class ProcessGroupBackend(Backend):
 
     waits_for_agreement = True  # collectives of different lengths across ranks hang or fail
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialized: call init_process_group first")
-        self.group = group if group is not None else dist.new_group(backend=dist.get_backend())
-        self.rank = dist.get_rank(self.group)
-        self.world_size = dist.get_world_size(self.group)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(
-            self.group) == "nccl" else torch.device("cpu")
-        self.scheme = or_scheme(self.world_size, dist.get_backend(self.group) == "gloo")
+    def __init__(self, group: dist.ProcessGroup | None = None, *, device: torch.device | None = None) -> None:
+        """``group``: a process group of its own (default: a new one on the default backend). ``device``:
+        where its collectives run (default: CUDA for NCCL, else the CPU); the ``lhc`` torch.distributed
+        backend passes both for the Gloo or NCCL group it keeps for the codec, which is registered
+        nowhere (so only the group's own methods are called here, never ``dist.*`` with ``group=``)."""
+        if group is None:
+            if not dist.is_initialized():
+                raise RuntimeError("torch.distributed is not initialized: call init_process_group first")
+            group = dist.new_group(backend=dist.get_backend())
+        if device is None:
+            nccl = dist.get_backend(group) == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        self.group = group
+        self.rank = group.rank()
+        self.world_size = group.size()
+        self.device = device
+        self.scheme = or_scheme(self.world_size, has_bor=device.type == "cpu")  # Gloo; NCCL has no BOR
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
         words = words.to(self.device, torch.int32).contiguous()
@@ -83,11 +91,13 @@ class ProcessGroupBackend(Backend):
             return self._all_reduce(spread_bits(words.cpu(), lane).to(self.device), dist.ReduceOp.SUM,
                                     lambda t: gather_bits(t.cpu(), lane, n).to(self.device))
         gathered = [torch.empty_like(words) for _ in range(self.world_size)]
-        work = dist.all_gather(gathered, words, group=self.group, async_op=True)
+        work = self.group.allgather([gathered], [words])
         return self._complete(work, lambda: _or_all(gathered))
 
     def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp, finish) -> Future[torch.Tensor]:
-        work = dist.all_reduce(tensor, op, group=self.group, async_op=True)
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        work = self.group.allreduce([tensor], options)
         return self._complete(work, lambda: finish(tensor))
 
     @staticmethod

@@ -78,12 +78,13 @@ class LhcHookState:
         for name in _SUMMED:
             self._step[name] += stats.get(name, 0)
         self._step["buckets"] += 1
+        self._step["nonfinite_buckets"] += bool(stats["nonfinite_ranks"])
         self.modes[key] = stats["mode"]
 
     def pop_step_stats(self) -> dict[str, float]:
         """What the buckets aggregated since the last call cost, summed; resets the tally."""
         stats = dict(self._step)
-        for name in (*_SUMMED, "buckets"):
+        for name in (*_SUMMED, "buckets", "nonfinite_buckets"):
             stats.setdefault(name, 0.0)
         dense = 4 * stats["elements"]
         stats["compression_ratio"] = dense / stats["bytes_sent"] if stats["bytes_sent"] else 0.0

@@ -2,13 +2,20 @@
 DDP allreduce or with the lhc hook (process group or switch), optionally checkpoint or resume, and save the
 parameters and the largest gradient seen.
 
-    python tests/ddp_rank.py RANK WORLD MASTER OUT --hook none|pg|switch [--controller A --job J]
+    python tests/ddp_rank.py RANK WORLD MASTER OUT --hook none|pg|switch|backend [--controller A --job J]
         [--steps N] [--integer] [--save-at K PREFIX] [--resume PREFIX] [--device cpu|cuda]
+        [--amp [--overflow-at K]]
+
+``--amp`` trains under autocast with a GradScaler (bfloat16 on CPU, float16 on CUDA) and saves the scale
+after every step; ``--overflow-at K`` makes rank 1's loss infinite at step K, as an fp16 overflow would.
+``--hook backend`` registers no hook: the process group is the ``lhc`` backend (its job, if any, from
+the environment), through which plain DDP's allreduce goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 import torch
@@ -51,7 +58,7 @@ def main() -> None:
     parser.add_argument("world", type=int)
     parser.add_argument("master")
     parser.add_argument("out")
-    parser.add_argument("--hook", choices=["none", "pg", "switch"], required=True)
+    parser.add_argument("--hook", choices=["none", "pg", "switch", "backend"], required=True)
     parser.add_argument("--controller")
     parser.add_argument("--job")
     parser.add_argument("--steps", type=int, default=6)
@@ -59,10 +66,16 @@ def main() -> None:
     parser.add_argument("--save-at", nargs=2)
     parser.add_argument("--resume")
     parser.add_argument("--device", default="cpu", help="cuda runs on NCCL, cpu on Gloo")
+    parser.add_argument("--amp", action="store_true")
+    parser.add_argument("--overflow-at", type=int, default=-1)
     args = parser.parse_args()
     torch.manual_seed(0)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     backend = "nccl" if args.device == "cuda" else "gloo"
+    if args.hook == "backend":
+        import host_agent.torch_backend  # noqa: F401 - registers "lhc"
+
+        backend = "lhc"
     master = f"tcp://{args.master}"
     dist.init_process_group(backend, init_method=master, rank=args.rank, world_size=args.world)
     model = Tiny(args.integer).to(args.device)
@@ -82,21 +95,33 @@ def main() -> None:
             state.load_state_dict(checkpoint["hook"])
         ddp.register_comm_hook(state, lhc_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
-    largest = 0.0
+    device_type = torch.device(args.device).type
+    scaler = torch.amp.GradScaler(device_type, enabled=args.amp)
+    half = torch.float16 if device_type == "cuda" else torch.bfloat16
+    largest, scales = 0.0, []
     for step in range(start, args.steps):
         if args.save_at and step == int(args.save_at[0]):
             torch.save({"model": model.state_dict(), "step": step,
                         "hook": state.state_dict() if state else None}, f"{args.save_at[1]}.{args.rank}")
         ids, weights = (t.to(args.device) for t in batch(args.rank, step, args.integer))
-        loss = (ddp(ids) * weights).sum()
+        with torch.autocast(device_type, dtype=half, enabled=args.amp):
+            loss = (ddp(ids) * weights).sum()
+        if step == args.overflow_at and args.rank == 1:
+            loss = loss * float("inf")
         optimizer.zero_grad()
-        loss.backward()
-        largest = max(largest, max(float(p.grad.abs().max()) for p in ddp.parameters()))
-        optimizer.step()
+        scaler.scale(loss).backward()
+        scale = scaler.get_scale() if args.amp else 1.0
+        grads = [float(p.grad.abs().max()) / scale for p in ddp.parameters()]
+        if all(map(math.isfinite, grads)):
+            largest = max(largest, *grads)
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale() if args.amp else 1.0)
     if state is not None:
         state.close()
     params = [p.detach().cpu().clone() for p in model.parameters()]
-    torch.save({"params": params, "largest_grad": largest}, args.out)
+    aggregated = dict(getattr(dist.group.WORLD, "aggregated", {}))  # the lhc backend's count
+    torch.save({"params": params, "largest_grad": largest, "scales": scales, "lhc": aggregated}, args.out)
     dist.destroy_process_group()
 
 

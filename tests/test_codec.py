@@ -325,13 +325,25 @@ def test_clear_errors(inputs, kwargs, error, match):
 
 @pytest.mark.parametrize("mode", ["sketch", "union", "dense"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_non_finite_inputs_raise_on_every_worker(mode, bad):
+@pytest.mark.parametrize("with_state", [False, True], ids=["first-call", "assumed-scale"])
+def test_non_finite_inputs_give_every_worker_a_non_finite_total(mode, bad, with_state):
+    """No error: every worker ends with an all-NaN total after the round that carries the header (with a
+    state, that round also carries the values, quantized at the assumed scale: the non-finite worker sends
+    zeros there); the bucket's state keeps its estimates, and the next call is exact again."""
     xs = [torch.zeros(100), torch.zeros(100), torch.zeros(100)]
     xs[0][3] = 1.0
+    xs[1][50] = -0.75
+    state = aggregate_local(xs, mode=mode).state if with_state else None
     xs[2][7] = bad
-    with pytest.raises(AggregationError, match=r"non-finite .*\[2\]") as failure:
-        aggregate_local(xs, mode=mode)  # checks that every worker raised this same error
-    assert failure.value.ranks == (2,)
+    result = aggregate_local(xs, mode=mode, state=state)  # checks that every worker decoded the same
+    assert bool(result.total.isnan().all())
+    assert result.stats["nonfinite_ranks"] == [2]
+    assert (result.state.items, result.state.exponent) == (
+        (state.items, state.exponent) if state else (None, None))
+    xs[2][7] = 0.5
+    after = aggregate_local(xs, mode=mode, state=result.state)
+    assert after.total[[3, 7, 50]].tolist() == [1.0, 0.5, -0.75]
+    assert int(torch.count_nonzero(after.total)) == 3
 
 
 @pytest.mark.parametrize("mode", ["sketch", "union", "dense"])

@@ -4,6 +4,7 @@ group and through the switch."""
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import subprocess
 import sys
@@ -30,14 +31,17 @@ def train(tmp: Path, hook: str, *extra: str, tag: str = "", stack=None, world: i
     """Run both ranks to completion; their saved parameters in rank order."""
     master = f"127.0.0.1:{_free_port()}"
     switch_args: list[str] = []
-    if hook == "switch":
+    env = dict(os.environ)
+    if hook == "switch" or (hook == "backend" and stack is not None):
         job = f"hook-{next(_JOBS)}"
         stack.client.create_job(job, workers=world)
         switch_args = ["--controller", stack.listen, "--job", job]
+        env.update(LHC_CONTROLLER=stack.listen, LHC_JOB=job)  # the backend's job, as a launch line gives it
     outs = [tmp / f"{hook}{tag}-{rank}.pt" for rank in range(world)]
     procs = [
         subprocess.Popen([sys.executable, str(RANK_SCRIPT), str(rank), str(world), master, str(outs[rank]),
-                          "--hook", hook, *switch_args, *extra], stderr=subprocess.PIPE, text=True)
+                          "--hook", hook, *switch_args, *extra], stderr=subprocess.PIPE, text=True,
+                         env=env)
         for rank in range(world)
     ]
     errors = [proc.communicate(timeout=240)[1] for proc in procs]
@@ -64,17 +68,41 @@ def test_integer_gradients_give_plain_ddp_bit_for_bit(tmp_path: Path, hook: str,
     assert_same_params(train(tmp_path, hook, "--integer", stack=stack), plain)
 
 
-def test_float_gradients_stay_within_the_quantization_bound(tmp_path: Path) -> None:
+def assert_within_the_bound(plain: list[dict], hooked: list[dict], steps: int) -> None:
     """Per step, each averaged gradient element is off by at most 2^-(31-k) * max|g| + 2^-23 * |g|
     (quantize.py's bound over W workers, divided by W); the parameters by lr times that, summed."""
-    steps = 6
-    plain = train(tmp_path, "none", "--steps", str(steps))
-    hooked = train(tmp_path, "pg", "--steps", str(steps))
     largest = max(r["largest_grad"] for r in plain + hooked)
     bound = steps * 2.0**-4 * (2.0 ** -(31 - WORLD.bit_length()) * largest * 2 + 2.0**-23 * largest)
     for rank_a, rank_b in zip(plain, hooked, strict=True):
         for pa, pb in zip(rank_a["params"], rank_b["params"], strict=True):
             assert float((pa - pb).abs().max()) <= bound + 2.0**-24 * float(pa.abs().max())
+
+
+def test_float_gradients_stay_within_the_quantization_bound(tmp_path: Path) -> None:
+    steps = 6
+    plain = train(tmp_path, "none", "--steps", str(steps))
+    assert_within_the_bound(plain, train(tmp_path, "pg", "--steps", str(steps)), steps)
+
+
+@pytest.mark.parametrize(("hook", "through_switch"),
+                         [("pg", False), ("switch", True), ("backend", False), ("backend", True)])
+def test_an_amp_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path: Path, hook: str,
+                                                                  through_switch: bool, stack) -> None:
+    """autocast + GradScaler, rank 1's loss infinite at step 2: as with plain DDP, every rank's scaler sees
+    the overflow (the bucket comes back non-finite, no error), skips that step and halves the scale; the
+    other steps train, to plain DDP's parameters within the quantization bound. With the hook, and with
+    the lhc backend (no hook: DDP's own allreduce), over the process group and through softswitch."""
+    steps, overflow = 6, 2
+    args = ("--amp", "--steps", str(steps), "--overflow-at", str(overflow))
+    plain = train(tmp_path, "none", *args)
+    hooked = train(tmp_path, hook, *args, stack=stack if through_switch else None)
+    scales = plain[0]["scales"]
+    assert scales[overflow] == scales[overflow - 1] / 2 and len(set(scales)) == 2, scales
+    assert all(run["scales"] == scales for run in plain + hooked), [run["scales"] for run in hooked]
+    assert all(bool(param.isfinite().all()) for run in hooked for param in run["params"])
+    if hook == "backend":  # every step's buckets went through lhc
+        assert all(run["lhc"].get("all_reduce", 0) >= steps for run in hooked), hooked[0]["lhc"]
+    assert_within_the_bound(plain, hooked, steps)
 
 
 def test_a_checkpoint_resumes_to_the_same_parameters(tmp_path: Path) -> None:

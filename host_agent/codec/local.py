@@ -95,7 +95,9 @@ def aggregate_local(
     _drive(sessions)
     results = [s.result() for s in sessions]
     for rank, r in enumerate(results[1:], start=1):
-        if not torch.equal(r.total, results[0].total) or r.state != results[0].state:
+        same = torch.equal(r.total.isnan(), results[0].total.isnan()) and torch.equal(
+            r.total.nan_to_num(), results[0].total.nan_to_num())  # NaN (a non-finite input) != NaN
+        if not same or r.state != results[0].state:
             raise RuntimeError(f"worker {rank} decoded a different total than worker 0 (a codec bug)")
     stats = dict(results[0].stats)
     if stats["encode_s"] is not None:  # timed

@@ -12,6 +12,12 @@ returns the next :class:`Round` (its messages and the state that will read their
 
 Every decision is taken from aggregated words, identical on every worker, or from options the agreement
 message proved identical; so all workers walk the same states and send the same lengths.
+
+A NaN or inf in any worker's input ends the aggregation in the state that reads the header (every worker
+learns it there, from the header's NONFINITE word) with an all-NaN total on every worker: the non-finite
+values are never quantized (a worker that knows its own input is not finite sends zeros in the words it
+must send beside the header), and which elements held them is not exchanged (that would cost a round),
+so the whole bucket reads as not finite, which is all a mixed-precision loss scaler looks for.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from .quantize import (
     exponent_field,
     header_words,
     int_in_bound,
+    nonfinite_ranks,
     parse_header,
     quantize,
     scale_for,
@@ -123,6 +130,8 @@ class Rounds:
         self.agreed: int | None = None  # the agreed exponent field (None: every input is zero)
         self.scale: int | None = None
         self.header_in_index = False
+        self.finite = True  # whether this worker's own input is finite (its header says so to all)
+        self.nonfinite: tuple[int, ...] = ()  # the workers whose input is not, once the header is back
         self.items = self.rows = self.cands = self.values = self.left = torch.empty(0)
         self.index: IndexSpec | None = None
         self.sketch: SketchSpec | None = None
@@ -140,6 +149,7 @@ class Rounds:
         field, finite, in_bound = None, True, True
         if self.is_float:
             field, finite = exponent_field(values)
+            self.finite = finite
         else:
             in_bound = int_in_bound(values, self.world)
         return header_words(
@@ -163,6 +173,8 @@ class Rounds:
     def _quantize(self, rows: torch.Tensor, clamp: bool = False) -> torch.Tensor:
         if not self.is_float:
             return rows
+        if not self.finite:  # only beside the header, which tells every worker to discard these words
+            return torch.zeros(rows.shape, dtype=torch.int32, device=rows.device)
         assert self.scale is not None
         return quantize(rows, self.scale, clamp)
 
@@ -176,9 +188,22 @@ class Rounds:
     def _output(self) -> torch.Tensor:
         return torch.zeros_like(self.x) if self.out is None else self.out.zero_()
 
-    def _parse_header(self, words: torch.Tensor) -> None:
+    def _parse_header(self, words: torch.Tensor) -> bool:
+        """Read the OR of the headers; True when some worker's input was not finite (the caller then
+        ends the aggregation with :meth:`_nonfinite_outcome`)."""
         with self.clock("decode"):
+            self.nonfinite = nonfinite_ranks(words)
             self.agreed = parse_header(words, self.world)
+        return bool(self.nonfinite)
+
+    def _nonfinite_outcome(self) -> Outcome:
+        """All-NaN on every worker; the bucket's state keeps its estimates (this round measured nothing)."""
+        with self.clock("decode"):
+            total = self._output().fill_(float("nan"))
+        self.stats.update(nonfinite_ranks=list(self.nonfinite), index="none", candidates=0, residue=0,
+                          scale=None, items=None)
+        state = CodecState(self.state.iteration + 1, self.state.items, self.state.exponent, self.shape)
+        return Outcome(total, self.stats, state)
 
     def start(self) -> Round:
         return self._dense_start() if self.opts.mode == "dense" else self._sparse_start()
@@ -206,7 +231,8 @@ class Rounds:
 
     def _after_sizing(self, res: Results) -> Round | Outcome:
         """The sizing round: the item counts bound the union, the header fixes the scale."""
-        self._parse_header(res["header"])
+        if self._parse_header(res["header"]):
+            return self._nonfinite_outcome()
         if self.is_float:
             self._settle_scale()
         expected = self.opts.expected_items if self.opts.expected_items is not None else self.item_sum
@@ -258,7 +284,8 @@ class Rounds:
     def _after_index(self, res: Results) -> Round | Outcome:
         words = res["index"]
         if self.header_in_index:
-            self._parse_header(words[:HEADER_WORDS])
+            if self._parse_header(words[:HEADER_WORDS]):
+                return self._nonfinite_outcome()
             words = words[HEADER_WORDS:]
         with self.clock("decode"):
             self.cands = query_index(self.index, words)
@@ -323,8 +350,9 @@ class Rounds:
         self.assumed = self._assumed_field()
         return self._dense_round([self._agree(0)], header)  # dense mode does not count items
 
-    def _after_dense_header(self, res: Results) -> Round:
-        self._parse_header(res["header"])
+    def _after_dense_header(self, res: Results) -> Round | Outcome:
+        if self._parse_header(res["header"]):
+            return self._nonfinite_outcome()
         if self.is_float:
             self._settle_scale()
         return self._dense_round([], None)
@@ -346,7 +374,8 @@ class Rounds:
 
     def _after_dense(self, res: Results) -> Round | Outcome:
         if "header" in res:
-            self._parse_header(res["header"])
+            if self._parse_header(res["header"]):
+                return self._nonfinite_outcome()
             if not scale_holds(self.agreed, self.assumed, self.lag):
                 self.stats["scale_redo"] = True
                 self.assumed, self.scale = None, scale_for(self.agreed, self.world)

@@ -8,9 +8,10 @@ hence W * max|q| < 2^31 and every element's sum fits int32.
 
 Agreement costs no extra message: each worker ORs a one-hot 256-bit bitmap of the float32 exponent field
 of its max |x| into the header words (OR of one-hot bitmaps = max). Three more header words carry, one bit
-per worker, "my input is not finite", "my integers exceed the bound" and "my support misses a nonzero",
-so that every worker raises the same AggregationError after the same round instead of some of them
-waiting forever.
+per worker, "my input is not finite", "my integers exceed the bound" and "my support misses a nonzero":
+after the same round every worker raises the same AggregationError for the last two, and ends the
+aggregation with an all-NaN total for the first (a NaN or inf is not quantized; see ``nonfinite_ranks``),
+instead of some of them waiting forever.
 
 Error bound. Let M be the largest |x| of any worker, k = W.bit_length(), and L the *scale lag*: how
 many binades the scale used may be coarser than the finest one M allows. The agreed scale is the finest;
@@ -133,18 +134,20 @@ def _workers(mask: int) -> tuple[int, ...]:
     return tuple(r for r in range(32) if mask >> r & 1)
 
 
+def nonfinite_ranks(words: torch.Tensor) -> tuple[int, ...]:
+    """The workers whose input holds a NaN or inf, from the OR of all headers (not an error: the
+    protocol then ends the aggregation on every worker with a non-finite total, as a float allreduce
+    would propagate it, so that a mixed-precision loss scaler sees the overflow)."""
+    return _workers(int(words[_NONFINITE_WORD]) & 0xFFFFFFFF)
+
+
 def parse_header(words: torch.Tensor, world_size: int) -> int | None:
     """The agreed max exponent field from the OR of all headers; raises the agreed error if any.
 
-    Raises AggregationError naming the workers whose inputs are not finite, exceed the integer bound, or
-    hold nonzeros outside the support they declared.
+    Raises AggregationError naming the workers whose integers exceed the bound or who hold nonzeros
+    outside the support they declared (non-finite inputs are no error: :func:`nonfinite_ranks`).
     """
     vals = [w & 0xFFFFFFFF for w in words[:HEADER_WORDS].tolist()]
-    if vals[_NONFINITE_WORD]:
-        ranks = _workers(vals[_NONFINITE_WORD])
-        raise AggregationError(
-            f"non-finite values (NaN or inf) in the input of worker(s) {list(ranks)}", ranks, collective=True
-        )
     if vals[_UNSCALABLE_WORD]:
         ranks = _workers(vals[_UNSCALABLE_WORD])
         raise AggregationError(

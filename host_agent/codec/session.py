@@ -51,9 +51,10 @@ thread and back needs no lock.
 
 A transport may send every message of a round before receiving any result of it (``next_message`` then
 returns the next one at once); it raises RuntimeError when the next message depends on a result not yet
-received. Every failure the workers agree on (disagreeing workers, non-finite input, integers beyond the
-bound, an incomplete support, a sum beyond the output dtype) raises AggregationError, on every worker
-after the same round; the session is then ``failed`` and every later call raises the same error.
+received. Every failure the workers agree on (disagreeing workers, integers beyond the bound, an
+incomplete support, a sum beyond the output dtype) raises AggregationError, on every worker after the same
+round; the session is then ``failed`` and every later call raises the same error. A non-finite input is no
+failure: every worker's total is then all NaN (``stats["nonfinite_ranks"]`` names the workers).
 """
 
 from __future__ import annotations

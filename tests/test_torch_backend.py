@@ -1,0 +1,103 @@
+"""The ``lhc`` torch.distributed backend in real 2-process groups: FSDP2 (``fully_shard``) trains through
+it within the quantization bound of plain FSDP, over the process-group codec and through softswitch."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from controller.processes import ControllerProcess, SoftswitchProcess
+
+FSDP_SCRIPT = Path(__file__).with_name("fsdp_rank.py")
+WORLD = 2
+LR = 2.0**-4
+_JOBS = itertools.count()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(script: Path, tmp: Path, tag: str, *args: str, env: dict[str, str] | None = None,
+              world: int = WORLD) -> list[dict]:
+    """Run every rank of ``script`` to completion; what each saved, in rank order."""
+    master = f"127.0.0.1:{_free_port()}"
+    outs = [tmp / f"{tag}-{rank}.pt" for rank in range(world)]
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(world), master, str(outs[rank]),
+                               *args], stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+             for rank in range(world)]
+    errors = [proc.communicate(timeout=240)[1] for proc in procs]
+    for proc, error in zip(procs, errors, strict=True):
+        assert proc.returncode == 0, error[-3000:]
+    return [torch.load(out) for out in outs]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory):
+    with SoftswitchProcess() as switch, ControllerProcess(switch, tmp_path_factory.mktemp("ctl")) as ctl:
+        yield ctl
+
+
+def assert_fsdp_within_the_bound(plain: list[dict], ours: list[dict], steps: int) -> None:
+    """Per step, each averaged gradient element is off by at most 2^(3 + k - 31) * M + 2^-23 * |g|
+    (quantize.py: W workers, a scale at most 3 binades coarser than the agreed one, divided by W), M the
+    largest gradient of any rank; the parameters by lr times that, summed over the steps."""
+    largest = max(run["largest_grad"] for run in plain + ours)
+    per_step = 2.0 ** (3 + WORLD.bit_length() - 31) * largest + 2.0**-23 * largest
+    bound = steps * LR * per_step
+    for run_plain, run_ours in zip(plain, ours, strict=True):
+        for name, param in run_plain["params"].items():
+            error = float((param - run_ours["params"][name]).abs().max())
+            assert error <= bound + 2.0**-24 * float(param.abs().max()), (name, error, bound)
+
+
+@pytest.mark.parametrize("through_switch", [False, True], ids=["process-group", "softswitch"])
+def test_fsdp_trains_through_lhc_within_the_bound(tmp_path: Path, through_switch: bool, stack) -> None:
+    """fully_shard on CPU over Gloo: FSDP's reduce_scatter (AVG) goes through lhc, its all_gather to
+    Gloo; every rank holds the same parameters, plain FSDP's within the bound."""
+    steps = 5
+    env = {}
+    if through_switch:
+        job = f"fsdp-{next(_JOBS)}"
+        stack.client.create_job(job, workers=WORLD)
+        env = {"LHC_CONTROLLER": stack.listen, "LHC_JOB": job}
+    plain = run_ranks(FSDP_SCRIPT, tmp_path, "plain", "--backend", "plain", "--steps", str(steps))
+    ours = run_ranks(FSDP_SCRIPT, tmp_path, "lhc", "--backend", "lhc", "--steps", str(steps), env=env)
+    # one reduce_scatter per step for each unit that holds parameters (the 2 Linears; the root holds none)
+    assert all(run["lhc"] == {"reduce_scatter": 2 * steps} for run in ours), [run["lhc"] for run in ours]
+    for name, param in ours[0]["params"].items():
+        assert torch.equal(param, ours[1]["params"][name])
+    assert_fsdp_within_the_bound(plain, ours, steps)
+
+
+@pytest.mark.gpu
+def test_fsdp_trains_through_lhc_on_cuda(tmp_path: Path) -> None:
+    """One rank on CUDA (the codec's collectives on NCCL): FSDP's reduce_scatter goes through lhc and
+    the parameters are plain FSDP's within the bound."""
+    steps = 3
+    plain = run_ranks(FSDP_SCRIPT, tmp_path, "plain", "--backend", "plain", "--steps", str(steps),
+                      "--device", "cuda", world=1)
+    ours = run_ranks(FSDP_SCRIPT, tmp_path, "lhc", "--backend", "lhc", "--steps", str(steps),
+                     "--device", "cuda", world=1)
+    assert ours[0]["lhc"].get("reduce_scatter", 0) > 0
+    assert_fsdp_within_the_bound(plain, ours, steps)
+
+
+def test_the_job_comes_from_the_environment() -> None:
+    from host_agent.torch_backend import LhcConfig
+
+    config = LhcConfig.from_env({"LHC_CONTROLLER": "10.0.0.1:9560", "LHC_JOB": "train", "LHC_TOKEN": "t",
+                                 "LHC_MODE": "union", "LHC_IP": "10.0.1.2"})
+    assert config == LhcConfig("10.0.0.1:9560", "train", "t", "union", "10.0.1.2", "")
+    assert LhcConfig.from_env({}) == LhcConfig()  # no controller: the process-group codec
+    with pytest.raises(ValueError, match="LHC_JOB"):
+        LhcConfig.from_env({"LHC_CONTROLLER": "10.0.0.1:9560"})
