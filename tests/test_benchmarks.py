@@ -139,7 +139,7 @@ def test_float_sum_check_allows_rounding_and_catches_a_wrong_sum() -> None:
 
 @pytest.mark.parametrize("error", [1e-6, math.nan])
 def test_aggregate_summary_fails_a_gloo_row_beyond_its_tolerance(error: float) -> None:
-    args = argparse.Namespace(modes=["dense"], length=100, workers=2, loss=0.0)
+    args = argparse.Namespace(modes=["dense"], length=100, workers=2, loss=0.0, engine=None)
     switch = {"chosen": "dense", "seconds": 2.0, "bytes_per_worker": 500, "retransmissions": 0,
               "encode_s": 0.1, "network_s": 1.8, "decode_s": 0.1, "reference": "quantized integer sum",
               "exact": True, "max_error": 0.0, "tolerance": 0.0}
@@ -148,7 +148,7 @@ def test_aggregate_summary_fails_a_gloo_row_beyond_its_tolerance(error: float) -
             "exact": False, "max_error": 1e-9, "tolerance": 1e-8}
     rows = [{**switch, "mode": "dense"}, {**switch, "mode": "dense"}, {**gloo, "mode": "gloo"},
             {**gloo, "mode": "gloo", "max_error": error}]
-    dense_row, gloo_row = aggregate._summarize(args, 0.01, rows)
+    dense_row, gloo_row = aggregate._summarize(args, 0.01, rows, 0.0, None)
     assert dense_row["within_tolerance"] is True and dense_row["speedup_vs_gloo"] == 0.25
     assert gloo_row["speedup_vs_dense"] == 4.0 and gloo_row["bytes_per_worker"] is None
     assert gloo_row["within_tolerance"] is False
