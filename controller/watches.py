@@ -55,10 +55,6 @@ class WatchLimits:
         self._lock = threading.Lock()
         self._open: Counter[tuple[str, int]] = Counter()
 
-    def open_count(self) -> int:
-        with self._lock:
-            return sum(self._open.values())
-
     def acquire(self, who: str, job_id: int) -> tuple[str, int]:
         """Take one watch slot of ``who`` (a credential) on job ``job_id``; RESOURCE_EXHAUSTED if none.
         The caller gives it back with ``release`` when its stream ends, however it ends."""

@@ -22,6 +22,7 @@ from host_agent.agent import AGENT_MODES, Agent
 from host_agent.errors import AggregationError
 from lhc_ina import tls
 from lhc_ina.jobservice.client import DEFAULT_CONTROLLER, TOKEN_FILE_ENV, read_token
+from lhc_ina.jobservice.errors import ControllerError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,8 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"lhc-agent: {exc}", file=sys.stderr)
         return 2
-    agent = Agent.join(args.controller, args.job, mode=args.mode, ip=args.ip, host=args.host, token=token,
-                       tls=config, timeout_s=args.timeout)
+    try:
+        agent = Agent.join(args.controller, args.job, mode=args.mode, ip=args.ip, host=args.host, token=token,
+                           tls=config, timeout_s=args.timeout)
+    except (ControllerError, tls.TlsError) as exc:  # refused (a wrong credential, another job's) or no CA
+        print(f"lhc-agent: cannot join {args.job!r}: {exc}", file=sys.stderr)
+        return 1
     try:
         tensor = _input(args, agent.rank)
         for call in range(args.repeats):

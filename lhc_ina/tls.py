@@ -24,7 +24,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -97,10 +97,6 @@ class TlsConfig:
             root_certificates=_read(self.ca, "CA") if require_client_cert and self.ca else None,
             require_client_auth=require_client_cert,
         )
-
-    def describe(self) -> str:
-        """The files, for logs and errors (never their contents)."""
-        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name))
 
 
 def _read(path: Path, what: str) -> bytes:

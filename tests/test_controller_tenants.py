@@ -107,6 +107,24 @@ def test_a_job_credential_is_confined_to_its_job(stack, tmp_path):
     operator.delete_job("team-a")
 
 
+def test_lhc_agent_with_another_jobs_credential_is_refused(stack, tmp_path):
+    _, ctl, _ = stack
+    mine = ctl.client.create_job("mine", workers=1, slots=2)
+    ctl.client.create_job("theirs", workers=1, slots=2)
+    credential = tmp_path / "mine.credential"
+    credential.write_text(mine.job_credential)
+    done = subprocess.run(
+        [sys.executable, "-m", "host_agent.cli", "--controller", ctl.listen, "--job", "theirs"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO), "LHC_TOKEN_FILE": str(credential)},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "cannot join 'theirs'" in done.stderr and "may not join job 'theirs'" in done.stderr
+    assert [m.name for m in ctl.client.status("theirs").members] == []
+    for job in ("mine", "theirs"):
+        ctl.client.delete_job(job)
+
+
 def test_job_create_hands_the_credential_over_once(stack, tmp_path):
     _, ctl, state = stack
     operator_file = state / "operator"
