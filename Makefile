@@ -20,9 +20,9 @@ venv: $(INSTALLED)
 
 # The C extensions are optional (each has a Python fallback): a failed build would leave an older one in
 # place, so each is removed first and a missing one is reported (its tests then fail or say so).
-NATIVE_MODULES := host_agent/codec/_native lhc_ina/_udp host_agent/transport/_engine
-NATIVE_SOURCES := host_agent/codec/_native.c lhc_ina/_udp.c host_agent/transport/_engine.c \
-	host_agent/transport/engine_core.c host_agent/transport/engine_core.h
+NATIVE_MODULES := host_agent/codec/_native lhc_ina/_udp host_agent/transport/_engine softswitch/_dataplane
+NATIVE_SOURCES := $(wildcard host_agent/codec/*.c host_agent/codec/*.h host_agent/transport/*.c \
+	host_agent/transport/*.h softswitch/_dataplane*.[ch]) lhc_ina/_udp.c
 $(INSTALLED): pyproject.toml setup.py $(NATIVE_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
@@ -113,10 +113,12 @@ clean:
 	for module in $(NATIVE_MODULES); do rm -f $$module.*.so; done
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-# The PTF suite against a target (root: veth pairs): `make ptf` (softswitch), `make ptf TARGET=bmv2`.
+# The PTF suite against a target (root: veth pairs): `make ptf` (softswitch), `make ptf TARGET=bmv2`,
+# `make ptf PIPELINE=python` (softswitch's pipeline; its default, native where built, when left out).
+PIPELINE ?=
 .PHONY: ptf
 ptf: venv
-	$(PY) -m ptf_tests.run --target $(TARGET)
+	$(PY) -m ptf_tests.run --target $(TARGET) $(if $(PIPELINE),--pipeline $(PIPELINE))
 
 # The controller's job service stubs, committed. grpcio-tools 1.49.1's protoc writes code the pinned
 # protobuf 3.20 runtime loads (newer ones need protobuf >= 4); it runs in its own throwaway venv.

@@ -1,11 +1,12 @@
-"""The compiled parts: the codec's CPU kernels (host_agent/codec/_native.c: peeling, set bits), the
-worker's packet engine (host_agent/transport/_engine.c: window, timers, loss recovery, reassembly and the
-socket work, per batch) and the batched UDP I/O that the worker's channel and softswitch's UDP ports share
-(lhc_ina/_udp.c: sendmmsg, recvmmsg).
+"""The compiled parts: the codec's CPU kernels (host_agent/codec/_native.c and the *_kernels.c it binds:
+peeling, sketch encoding, the nonzero scan, set bits; pthreads for the second core), the worker's packet
+engine (host_agent/transport/_engine.c: window, timers, loss recovery, reassembly and the socket work, per
+batch), softswitch's native data plane (softswitch/_dataplane*.c) and the batched UDP I/O that the worker's
+channel and softswitch's UDP ports share (lhc_ina/_udp.c: sendmmsg, recvmmsg).
 
 Everything else is in pyproject.toml. Every extension is optional: where no C compiler is present the
-install still succeeds; the codec then uses its torch implementations, the stream its Python engine and UDP
-one system call per datagram, all slower.
+install still succeeds; the codec then uses its torch implementations, the stream its Python engine,
+softswitch its Python pipeline and UDP one system call per datagram, all slower.
 """
 
 from setuptools import Extension, setup
@@ -14,8 +15,15 @@ setup(
     ext_modules=[
         Extension(
             "host_agent.codec._native",
-            ["host_agent/codec/_native.c"],
-            extra_compile_args=["-O3", "-std=c11"],
+            [
+                "host_agent/codec/_native.c",
+                "host_agent/codec/peel_kernels.c",
+                "host_agent/codec/scan_kernels.c",
+                "host_agent/codec/sketch_kernels.c",
+            ],
+            depends=["host_agent/codec/kernels.h"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-pthread"],
+            extra_link_args=["-pthread"],
             optional=True,
         ),
         Extension(
@@ -28,6 +36,16 @@ setup(
         Extension(
             "lhc_ina._udp",
             ["lhc_ina/_udp.c"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall"],
+            optional=True,
+        ),
+        Extension(
+            "softswitch._dataplane",
+            [
+                "softswitch/_dataplane.c", "softswitch/_dataplane_pipeline.c", "softswitch/_dataplane_io.c",
+                "softswitch/_dataplane_gso.c", "softswitch/_dataplane_tables.c",
+            ],
+            depends=["softswitch/_dataplane.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,
         ),

@@ -84,23 +84,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "time_vs_lossless")
     parser.add_argument("--engine", choices=("native", "python"),
                         help="the agents' packet engine (default: native where it is built)")
+    parser.add_argument("--python-path", action="store_true",
+                        help="also run mode auto through a softswitch on its Python pipeline with agents on "
+                             "the Python engine (row auto-python-path; the auto row gains "
+                             "speedup_vs_python_path)")
     parser.add_argument("--controller", help="use this running controller instead of starting one")
     parser.add_argument("--json", action="store_true", help="JSON lines only (no progress bar)")
     parser.add_argument("--plot", type=Path, help="write speedup against density to this PNG")
 
 
 def _run_pass(args: argparse.Namespace, controller: str, client: Any, density: float, index: int,
-              scratch: Path, loss: float) -> list[dict]:
-    """One job of W workers through every mode at ``loss``; the Gloo row too in the lossless pass."""
-    job = f"bench-{index}-{density}-{loss}"
+              scratch: Path, loss: float, modes: list[str] | None = None, engine: str | None = None,
+              gloo: bool = True) -> list[dict]:
+    """One job of W workers through every mode at ``loss``; the Gloo row too in a lossless pass."""
+    job = f"bench-{index}-{density}-{loss}-{engine}"
     client.create_job(job, workers=args.workers)
     argv = [sys.executable, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job", job,
             "--length", str(args.length), "--density", str(density), "--workers", str(args.workers),
-            "--modes", ",".join(args.modes), "--repeats", str(args.repeats), "--seed", str(index),
+            "--modes", ",".join(modes or args.modes), "--repeats", str(args.repeats), "--seed", str(index),
             "--loss", str(loss)]
-    if args.engine:
-        argv += ["--engine", args.engine]
-    if loss == 0:
+    if engine or args.engine:
+        argv += ["--engine", engine or args.engine]
+    if loss == 0 and gloo:
         # Gloo's rendezvous through a file no other run uses: no port to pick; its data still goes over TCP
         argv += ["--gloo-init", (scratch / f"gloo-{index}").as_uri()]
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -135,6 +140,27 @@ def _run_density(args: argparse.Namespace, controller: str, client: Any, density
     return lossless + lossy
 
 
+def _python_path_rows(args: argparse.Namespace, density: float, index: int, scratch: Path,
+                      results: list[dict]) -> list[dict]:
+    """Mode auto once more, through a softswitch running its Python pipeline with agents on the Python
+    engine (the packet path before it went native), in the same run; the native auto row gains
+    ``speedup_vs_python_path``."""
+    from controller.processes import ControllerProcess, SoftswitchProcess
+
+    with SoftswitchProcess(pipeline="python") as switch, \
+            ControllerProcess(switch, scratch / f"python-path-{index}") as controller:
+        rows = _run_pass(args, controller.listen, controller.client, density, index, scratch, 0.0,
+                         modes=["auto"], engine="python", gloo=False)
+    dense = next(r for r in results if r["mode"] == "dense" and r["density"] == density and r["loss"] == 0)
+    gloo = next(r for r in results if r["mode"] == "gloo" and r["density"] == density)
+    args_auto = argparse.Namespace(**{**vars(args), "modes": ["auto"]})
+    (row,) = _summarize(args_auto, density, rows, 0.0, gloo["seconds"], dense["seconds"])
+    row.update(mode="auto-python-path", pipeline="python", engine="python")
+    native = next(r for r in results if r["mode"] == "auto" and r["density"] == density and r["loss"] == 0)
+    native["speedup_vs_python_path"] = row["seconds"] / native["seconds"]
+    return [row]
+
+
 def _largest(ranks: list[dict], key: str) -> float | None:
     """The largest of the ranks' ``key``; None where the row does not measure it (Gloo's bytes)."""
     values = [r[key] for r in ranks]
@@ -148,12 +174,14 @@ def _summed(ranks: list[dict], key: str) -> int | None:
 
 
 def _summarize(args: argparse.Namespace, density: float, rows: list[dict], loss: float,
-               gloo_s: float | None) -> list[dict]:
-    """One row per mode; ``gloo_s``: Gloo's time where this pass has no Gloo row (a lossy pass)."""
+               gloo_s: float | None, dense_s: float | None = None) -> list[dict]:
+    """One row per mode; ``gloo_s`` and ``dense_s``: the baselines' times where this pass has no such
+    row (a lossy pass has no Gloo, the Python path's pass only auto)."""
     by_mode: dict[str, list[dict]] = {}
     for row in rows:
         by_mode.setdefault(row["mode"], []).append(row)
-    dense_s = max(r["seconds"] for r in by_mode["dense"])
+    if dense_s is None:
+        dense_s = max(r["seconds"] for r in by_mode["dense"])
     if gloo_s is None:
         gloo_s = max(r["seconds"] for r in by_mode["gloo"])
     results = []
@@ -170,6 +198,8 @@ def _summarize(args: argparse.Namespace, density: float, rows: list[dict], loss:
             "retransmissions": _summed(ranks, "retransmissions"),
             "fast_retransmissions": _summed(ranks, "fast_retransmissions"),
             "timer_retransmissions": _summed(ranks, "timer_retransmissions"),
+            "spurious_retransmissions": _summed(ranks, "spurious_retransmissions"),
+            "rtt_s": _largest(ranks, "rtt_s"), "rto_s": _largest(ranks, "rto_s"),
             "packets": _summed(ranks, "packets"), "dropped": _summed(ranks, "dropped"),
             "encode_s": _largest(ranks, "encode_s"), "network_s": _largest(ranks, "network_s"),
             "decode_s": _largest(ranks, "decode_s"), "loss": loss, "engine": args.engine or "default",
@@ -191,7 +221,7 @@ def _plot(results: list[dict], path: Path) -> None:
 
     colors = {mode: f"C{i}" for i, mode in enumerate([*MODES, "gloo"])}  # a mode's color in both panels
     figure, panels = plt.subplots(1, 2, figsize=(11, 4))
-    clean = [r for r in results if r["loss"] == 0]
+    clean = [r for r in results if r["loss"] == 0 and r["mode"] in colors]
     for axes, baseline in zip(panels, BASELINES, strict=True):
         for mode in sorted({r["mode"] for r in clean} - {baseline}):
             points = sorted((r["density"], r[f"speedup_vs_{baseline}"]) for r in clean if r["mode"] == mode)
@@ -226,7 +256,10 @@ def run(args: argparse.Namespace) -> int:
             address, client = controller.listen, controller.client
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lhc-bench-gloo-")))
         for index, density in enumerate(tqdm(args.density, desc="densities", disable=args.json)):
-            for row in _run_density(args, address, client, density, index, scratch):
+            rows = _run_density(args, address, client, density, index, scratch)
+            if args.python_path:
+                rows += _python_path_rows(args, density, index, scratch, rows)
+            for row in rows:
                 results.append(row)
                 print(json.dumps(row), flush=True)
     if args.plot:

@@ -70,6 +70,6 @@ def gloo_row(mine: torch.Tensor, everyone: list[torch.Tensor], rank: int, init_m
         "reference": "float64 sum rounded to float32", "exact": exact, "max_error": worst(errors),
         "tolerance": tolerance,
         # Gloo's bytes, retransmissions and phases are inside its TCP transport: not measured here
-        "bytes_per_worker": None, "packets": None, "retransmissions": None,
+        "bytes_per_worker": None, "packets": None, "retransmissions": None, "rtt_s": None, "rto_s": None,
         "encode_s": None, "network_s": None, "decode_s": None,
     }

@@ -1,15 +1,19 @@
-"""`lhc-bench switch`: packets and aggregated words per second through softswitch.
+"""`lhc-bench switch`: packets and aggregated words per second through softswitch, for each pipeline.
 
-Cases (one JSON object each with ``--json``):
+Cases (one JSON object per case and pipeline with ``--json``; the python row first, then the native one,
+which carries ``native_over_python``: its packets_per_s over the python row's of the same case):
 
-- ``udp``: softswitch started as its own process (``lhc-softswitch --udp``), configured over P4Runtime,
-  and W simulated workers in this process (one UDP socket each) that keep ``--window`` aggregation rounds
-  in flight over UDP on loopback. Every round is W DATA packets of ``LANES`` words; the switch
-  multicasts each result to all W workers, and every copy is received and checked bit for bit against
-  the expected sum. This is the number the project quotes: it includes the kernel's UDP path on both
-  sides.
-- ``pipeline``: the same DATA packets run through ``Pipeline.process`` in this process with no sockets,
-  the ceiling the Python pipeline itself allows.
+- ``udp``: softswitch started as its own process (``lhc-softswitch --udp --pipeline P``), configured
+  over P4Runtime, and W simulated workers in this process that keep ``--window`` aggregation rounds in
+  flight over UDP on loopback. Every round is W DATA packets of ``LANES`` words; the switch multicasts
+  each result to all W workers, and every copy is received and checked bit for bit against the expected
+  sum. The workers' DATA packets are built vectorized and leave one socket by UDP GSO; each rank's
+  results arrive on its own socket (with UDP_GRO: a run the switch sent as one GSO message arrives as
+  one buffer) and are checked datagram by datagram with numpy, so that the generator is not what bounds
+  the figure. This is the number the project quotes: it includes the
+  kernel's UDP path on both sides.
+- ``pipeline``: the same DATA packets through the pipeline in this process with no sockets:
+  ``Pipeline.process`` (python) or ``NativePipeline.inject`` (native, one Python call per frame).
 
 ``packets_per_s`` counts DATA packets the switch consumed; ``words_per_s`` is that times ``LANES``.
 """
@@ -17,13 +21,17 @@ Cases (one JSON object each with ``--json``):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
+import select
 import socket
 import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -34,12 +42,28 @@ from p4.v1 import p4runtime_pb2_grpc
 from lhc_ina import constants as c
 from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
-from lhc_ina.wire import FRAME_END, FRAME_LHC, FRAME_PAYLOAD, HEADER_OFFSETS, HEADER_SHIFTS
+from lhc_ina.udp import BatchIO, batch_io
+from lhc_ina.wire import (
+    FRAME_END,
+    FRAME_LHC,
+    FRAME_PAYLOAD,
+    HEADER_OFFSETS,
+    HEADER_SHIFTS,
+    PACKET_DTYPE,
+    empty_packets,
+    set_header_fields,
+)
 from softswitch.cli import READY
+from softswitch.dataplane import NATIVE_BURST
 from softswitch.entities import Entities
+from softswitch.native import NativePipeline, native_available
 from softswitch.pipeline import Pipeline
-from softswitch.testing import data_frame, data_packet, job_updates, make_job
+from softswitch.testing import data_frame, job_updates, make_job
 
+#: linux/udp.h: the UDP_SEGMENT and UDP_GRO socket options (not in Python's socket module), and
+#: UDP_MAX_SEGMENTS, the most datagrams one GSO send carries.
+_UDP_SEGMENT, _UDP_GRO, _GSO_SEGMENTS = 103, 104, 64
+_MAX_DATAGRAM = 65536
 _SEQ = struct.Struct("!I")
 _SLOT = struct.Struct("!H")
 _BYTE0_AT, _SLOT_AT, _SEQ_AT = (HEADER_OFFSETS[name] for name in ("msg_type", "slot", "seq"))
@@ -59,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="aggregation rounds in flight (default %(default)s); at most the slot count")
     parser.add_argument("--slots", type=int, default=256, help="the job's slot count (default %(default)s)")
     parser.add_argument("--case", choices=["udp", "pipeline", "all"], default="all")
+    parser.add_argument("--pipeline", choices=["python", "native", "both"], default="both",
+                        help="which pipelines to run (default %(default)s; native needs the extension built)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per case")
 
 
@@ -69,20 +95,17 @@ def _job(slots: int, udp_ports: list[int]) -> JobLayout:
     return make_job(1, 1, members, slot_count=slots, epoch=7)
 
 
-def _contributions(workers: int) -> tuple[list[np.ndarray], bytes]:
+def _contributions(workers: int) -> tuple[np.ndarray, bytes]:
     rng = np.random.default_rng(1)
-    values = [rng.integers(0, 1 << 32, c.LANES, dtype=np.uint64).astype(np.uint32) for _ in range(workers)]
-    total = np.zeros(c.LANES, np.uint64)
-    for value in values:
-        total += value
-    return values, (total % (1 << 32)).astype(">u4").tobytes()
+    values = rng.integers(0, 1 << 32, (workers, c.LANES), dtype=np.uint64)
+    return values.astype(np.uint32), (values.sum(axis=0) % (1 << 32)).astype(">u4").tobytes()
 
 
 class _Switch:
     """An ``lhc-softswitch`` process with one UDP port on loopback, configured for one job."""
 
-    def __init__(self, slots: int, udp_ports: list[int]) -> None:
-        line = self._start()
+    def __init__(self, slots: int, udp_ports: list[int], pipeline: str) -> None:
+        line = self._start(pipeline)
         fields = dict(part.split("=", 1) for part in line[len(READY):].split())
         self.grpc_addr = fields["grpc"]
         host_port = fields["ports"].split("@", 1)[1].removesuffix("/udp")
@@ -90,7 +113,7 @@ class _Switch:
         self.job = _job(slots, udp_ports)
         self._configure()
 
-    def _start(self) -> str:
+    def _start(self, pipeline: str) -> str:
         """Start the switch on the lhc UDP port of a random loopback address (so that concurrent runs
         do not collide); its ready line."""
         rng = np.random.default_rng()
@@ -98,7 +121,7 @@ class _Switch:
             host = f"127.{rng.integers(1, 255)}.{rng.integers(0, 256)}.{rng.integers(1, 255)}"
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "softswitch.cli", "--grpc-addr", "127.0.0.1:0", "--udp",
-                 f"1@{host}:{c.UDP_PORT_BASE}"], stdout=subprocess.PIPE, text=True,
+                 f"1@{host}:{c.UDP_PORT_BASE}", "--pipeline", pipeline], stdout=subprocess.PIPE, text=True,
             )
             assert self.proc.stdout is not None
             line = self.proc.stdout.readline()
@@ -118,68 +141,167 @@ class _Switch:
         stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(index, self.job)))
         channel.close()
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the switch process has used so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
 
 
-def _run_udp(workers: int, seconds: float, window: int, slots: int) -> dict[str, Any]:
-    """W workers, one socket each, keep ``window`` rounds in flight; every result copy is checked."""
-    socks = []
-    for _ in range(workers):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        sock.bind(("127.0.0.1", 0))
-        sock.settimeout(2.0)
-        socks.append(sock)
-    switch = _Switch(slots, [sock.getsockname()[1] for sock in socks])
+class _Results:
+    """What the W rank sockets received: every copy checked (length, type, payload), seqs kept per rank.
+
+    The sockets ask for UDP_GRO where the kernel has it: a run of results the switch sent to one rank in
+    one GSO message then arrives as one buffer of equal-size datagrams with their size (the kernel's
+    cmsg), instead of being split into one socket entry each. Each datagram is still checked alone."""
+
+    def __init__(self, workers: int, expected: bytes, capacity: int = 256) -> None:
+        self.size = PACKET_DTYPE.itemsize
+        self.capacity = capacity  # messages per drain
+        self.buffer = bytearray((capacity + 1) * _MAX_DATAGRAM)
+        self.view = memoryview(self.buffer)
+        self.bytes = np.frombuffer(self.buffer, np.uint8)
+        self.expected = np.frombuffer(expected, np.uint8)
+        self.counts = [0] * workers
+        self.seqs: list[list[np.ndarray]] = [[] for _ in range(workers)]
+        self.mismatched = 0
+
+    @staticmethod
+    def open(workers: int) -> list[socket.socket]:
+        socks = []
+        for _ in range(workers):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            with contextlib.suppress(OSError):  # a kernel without UDP_GRO: one datagram per message
+                sock.setsockopt(socket.SOL_UDP, _UDP_GRO, 1)
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+            socks.append(sock)
+        return socks
+
+    def drain(self, rank: int, sock: socket.socket) -> int:
+        """Receive what waits on rank ``rank``'s socket; the number of result copies."""
+        at = 0
+        for _ in range(self.capacity):
+            try:
+                length, ancillary, flags, _ = sock.recvmsg_into(
+                    [self.view[at : at + _MAX_DATAGRAM]], socket.CMSG_SPACE(4))
+            except BlockingIOError:
+                break
+            segment = next((int.from_bytes(data[:4], sys.byteorder) for level, kind, data in ancillary
+                            if level == socket.SOL_UDP and kind == _UDP_GRO), length)
+            if segment != self.size or length % self.size or flags & socket.MSG_TRUNC:
+                self.mismatched += 1  # a datagram of another size: not a result of this job
+                continue
+            at += length
+        n = at // self.size
+        if n:
+            rows = self.bytes[:at].reshape(n, self.size)
+            bad = rows[:, _BYTE0_AT] >> HEADER_SHIFTS["msg_type"] != c.MsgType.RESULT
+            bad |= (rows[:, c.HEADER_BYTES :] != self.expected).any(axis=1)
+            self.mismatched += int(np.count_nonzero(bad))
+            self.seqs[rank].append(rows[:, _SEQ_AT : _SEQ_AT + 4].copy().view(">u4").ravel())
+            self.counts[rank] += n
+        return n
+
+    def every_round_once_to_every_rank(self, rounds: int) -> bool:
+        """Each rank got the result of each round 0..rounds-1 exactly once."""
+        return all(np.array_equal(np.sort(np.concatenate(seqs or [np.zeros(0, ">u4")])), np.arange(rounds))
+                   for seqs in self.seqs)
+
+
+def _data_packets(job: JobLayout, values: np.ndarray, first: int, rounds: int) -> memoryview:
+    """Packets ``first .. first + rounds - 1`` of every rank's stream (docs/protocol.md, section 3), built
+    in one vectorized pass, back to back: round order, then rank order."""
+    workers = len(job.workers)
+    p = np.repeat(np.arange(first, first + rounds, dtype=np.int64), workers)
+    ranks = np.tile(np.arange(workers), rounds)
+    packets = empty_packets(rounds * workers)
+    set_header_fields(packets, msg_type=c.MsgType.DATA, op=c.Op.ADD,
+                      ver=(p // job.slot_count) % c.SLOT_COPIES, worker_id=ranks, job_id=job.job_id,
+                      slot=p % job.slot_count, epoch=job.epoch, seq=p & 0xFFFFFFFF)
+    packets["payload"] = values[ranks]
+    return memoryview(packets.tobytes())
+
+
+class _Sender:
+    """The ranks' DATA packets out of one socket, as UDP GSO sends (UDP_SEGMENT: one system call and one
+    trip down the stack for up to 64 datagrams of one size; the receiver still gets separate datagrams),
+    or with sendmmsg where the kernel refuses GSO."""
+
+    def __init__(self, io: BatchIO) -> None:
+        self.io = io
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        self.sock.bind(("127.0.0.1", 0))
+        self.gso = True
+
+    def send(self, raw: memoryview, address: tuple[str, int]) -> None:
+        size = PACKET_DTYPE.itemsize
+        if self.gso:
+            option = [(socket.SOL_UDP, _UDP_SEGMENT, struct.pack("=H", size))]
+            step = size * _GSO_SEGMENTS
+            try:
+                for at in range(0, len(raw), step):
+                    self.sock.sendmsg([raw[at : at + step]], option, 0, address)
+                return
+            except OSError as error:
+                if at or error.errno not in (errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP, errno.EIO):
+                    raise
+                self.gso = False  # a kernel without UDP GSO: one datagram per message
+        self.io.send(self.sock, [raw[i : i + size] for i in range(0, len(raw), size)], address)
+
+
+def _run_udp(workers: int, seconds: float, window: int, slots: int, pipeline: str) -> dict[str, Any]:
+    """W ranks keep ``window`` rounds in flight; every result copy is checked. The ranks' DATA packets
+    leave one socket (the workers table keys on the source address, not the port), each
+    rank's results arrive on its own socket, drained with recvmmsg: the generator batches as the switch
+    does, so that the switch is what is measured."""
+    io = batch_io()
+    sender = _Sender(io)
+    receivers = _Results.open(workers)
+    switch = _Switch(slots, [sock.getsockname()[1] for sock in receivers], pipeline)
+    poller = select.poll()
+    for sock in receivers:
+        poller.register(sock, select.POLLIN)
     try:
         values, expected = _contributions(workers)
-        packets = [bytearray(data_packet(switch.job, rank, values[rank])) for rank in range(workers)]
+        results = _Results(workers, expected)
         window = min(window, slots)
-        buffer = bytearray(2048)
-        sent = completed = mismatched = 0
-        deadline = time.perf_counter() + seconds
+        refill = max(window // 4, 1)  # top the window up in batches, not round by round
+        sent = completed = 0
+        cpu_before = switch.cpu_seconds()
         start = time.perf_counter()
-        senders = [sock.sendto for sock in socks]
-        receivers = [sock.recv_into for sock in socks]
-        target = switch.udp_addr
+        deadline = start + seconds
         while True:
-            now_ok = time.perf_counter() < deadline
-            while now_ok and sent - completed < window:
-                slot, ver = sent % slots, (sent // slots) & 1  # packet p = sent: S = slot_count
-                for packet, sendto in zip(packets, senders, strict=True):
-                    packet[_BYTE0_AT] = _byte0(ver)
-                    _SLOT.pack_into(packet, _SLOT_AT, slot)
-                    _SEQ.pack_into(packet, _SEQ_AT, sent)
-                    sendto(packet, target)
-                sent += 1
+            if time.perf_counter() < deadline and window - (sent - completed) >= refill:
+                rounds = window - (sent - completed)
+                sender.send(_data_packets(switch.job, values, sent, rounds), switch.udp_addr)
+                sent += rounds
             if completed == sent:
                 break
-            # The switch sends a result's copies one after another, so each rank's socket holds the
-            # same sequence of results: one copy from each is one finished round.
-            seqs = set()
-            for recv_into in receivers:
-                try:
-                    size = recv_into(buffer)
-                except TimeoutError:
-                    raise RuntimeError(f"results stopped arriving: {sent - completed} rounds lost") from None
-                if buffer[c.HEADER_BYTES:size] != expected:
-                    mismatched += 1
-                seqs.add(_SEQ.unpack_from(buffer, _SEQ_AT)[0])
-            mismatched += len(seqs) - 1
-            completed += 1
+            drained = sum(results.drain(rank, sock) for rank, sock in enumerate(receivers))
+            if not drained and not poller.poll(2000):
+                raise RuntimeError(f"results stopped arriving: {sent - completed} rounds lost")
+            completed = min(results.counts)
         elapsed = time.perf_counter() - start
+        switch_cpu = switch.cpu_seconds() - cpu_before
     finally:
         switch.stop()
-        for sock in socks:
+        for sock in [sender.sock, *receivers]:
             sock.close()
-    data_packets = completed * workers
-    return _result("udp", workers, data_packets, elapsed, rounds=completed, result_copies=completed * workers,
-                   exact=mismatched == 0)
+    exact = results.mismatched == 0 and results.every_round_once_to_every_rank(completed)
+    # The switch's CPU time per packet says what the switch costs whatever else the machine runs.
+    return _result("udp", pipeline, workers, completed * workers, elapsed, rounds=completed,
+                   result_copies=sum(results.counts), exact=exact, switch_cpu_s=round(switch_cpu, 2),
+                   switch_cpu_us_per_packet=round(switch_cpu / max(completed * workers, 1) * 1e6, 2))
 
 
-def _run_pipeline(workers: int, seconds: float, slots: int) -> dict[str, Any]:
+def _run_pipeline(workers: int, seconds: float, slots: int, kind: str) -> dict[str, Any]:
+    """The DATA packets of rounds 0, 1, 2, ... through the pipeline in this process, no sockets."""
     index = P4InfoIndex.from_file()
     pipeline = Pipeline(index)
     pipeline.configured = True
@@ -188,12 +310,27 @@ def _run_pipeline(workers: int, seconds: float, slots: int) -> dict[str, Any]:
     for up in job_updates(index, job):
         entities.write(up)
     values, expected = _contributions(workers)
-    frames = [data_frame(job, rank, values[rank]) for rank in range(workers)]
-    rx, process = pipeline.rx, pipeline.process
+    frames = [bytearray(data_frame(job, rank, values[rank])) for rank in range(workers)]
     emitted = [0]
+    last = bytearray()
 
     def emit(port: int, frame: memoryview) -> None:
         emitted[0] += 1
+        last[:] = frame
+
+    if kind == "native":
+        inject = NativePipeline(pipeline, NATIVE_BURST).inject
+
+        def process(frame: bytearray) -> None:
+            out = inject(frame, 1)
+            for port, copy in out:
+                emit(port, memoryview(copy))
+    else:
+        rx, process_python = pipeline.rx, pipeline.process
+
+        def process(frame: bytearray) -> None:
+            rx[: len(frame)] = frame
+            process_python(len(frame), 1, emit)
 
     rounds = 0
     deadline = time.perf_counter() + seconds
@@ -202,22 +339,22 @@ def _run_pipeline(workers: int, seconds: float, slots: int) -> dict[str, Any]:
         for _ in range(100):
             slot, ver = rounds % slots, (rounds // slots) & 1  # packet p = rounds: S = slot_count
             for frame in frames:
-                rx[: len(frame)] = frame
-                rx[FRAME_LHC + _BYTE0_AT] = _byte0(ver)
-                _SLOT.pack_into(rx, FRAME_LHC + _SLOT_AT, slot)
-                _SEQ.pack_into(rx, FRAME_LHC + _SEQ_AT, rounds)
-                process(len(frame), 1, emit)
+                frame[FRAME_LHC + _BYTE0_AT] = _byte0(ver)
+                _SLOT.pack_into(frame, FRAME_LHC + _SLOT_AT, slot)
+                _SEQ.pack_into(frame, FRAME_LHC + _SEQ_AT, rounds)
+                process(frame)
             rounds += 1
     elapsed = time.perf_counter() - start
-    exact = bytes(pipeline.rx[FRAME_PAYLOAD:FRAME_END]) == expected
-    return _result("pipeline", workers, rounds * workers, elapsed, rounds=rounds, result_copies=emitted[0],
-                   exact=exact)
+    exact = bytes(last[FRAME_PAYLOAD:FRAME_END]) == expected
+    return _result("pipeline", kind, workers, rounds * workers, elapsed, rounds=rounds,
+                   result_copies=emitted[0], exact=exact)
 
 
-def _result(case: str, workers: int, packets: int, elapsed: float, **extra: Any) -> dict[str, Any]:
+def _result(case: str, pipeline: str, workers: int, packets: int, elapsed: float,
+            **extra: Any) -> dict[str, Any]:
     return {
-        "suite": "switch", "case": case, "workers": workers, "lanes": c.LANES, "packets": packets,
-        "seconds": round(elapsed, 3), "packets_per_s": round(packets / elapsed),
+        "suite": "switch", "case": case, "pipeline": pipeline, "workers": workers, "lanes": c.LANES,
+        "packets": packets, "seconds": round(elapsed, 3), "packets_per_s": round(packets / elapsed),
         "words_per_s": round(packets * c.LANES / elapsed), "cpus": os.cpu_count(), **extra,
     }
 
@@ -226,17 +363,35 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.workers > c.MAX_WORKERS:
         print(f"lhc-bench switch: --workers must be 1..{c.MAX_WORKERS}", file=sys.stderr)
         return 2
+    pipelines = ["python", "native"] if args.pipeline == "both" else [args.pipeline]
+    if "native" in pipelines and not native_available():
+        if args.pipeline == "native":
+            print("lhc-bench switch: the native pipeline (softswitch/_dataplane.c) is not built",
+                  file=sys.stderr)
+            return 2
+        print("lhc-bench switch: the native pipeline is not built: python rows only", file=sys.stderr)
+        pipelines.remove("native")
+    cases = {
+        "udp": lambda kind: _run_udp(args.workers, args.seconds, args.window, args.slots, kind),
+        "pipeline": lambda kind: _run_pipeline(args.workers, args.seconds, args.slots, kind),
+    }
     results = []
-    if args.case in ("udp", "all"):
-        results.append(_run_udp(args.workers, args.seconds, args.window, args.slots))
-    if args.case in ("pipeline", "all"):
-        results.append(_run_pipeline(args.workers, args.seconds, args.slots))
-    for result in results:
-        if args.json:
-            print(json.dumps(result), flush=True)
-        else:
-            print(f"{result['case']:>9}: W={result['workers']} {result['packets_per_s']:>9,} packets/s "
-                  f"{result['words_per_s']:>12,} words/s  exact={result['exact']}")
+    for case, measure in cases.items():
+        if args.case not in (case, "all"):
+            continue
+        rows = {kind: measure(kind) for kind in pipelines}
+        if "python" in rows and "native" in rows:
+            rows["native"]["native_over_python"] = round(
+                rows["native"]["packets_per_s"] / rows["python"]["packets_per_s"], 2)
+        results.extend(rows.values())
+        for result in rows.values():
+            if args.json:
+                print(json.dumps(result), flush=True)
+            else:
+                ratio = result.get("native_over_python")
+                print(f"{result['case']:>9} {result['pipeline']:>6}: W={result['workers']} "
+                      f"{result['packets_per_s']:>9,} packets/s {result['words_per_s']:>12,} words/s  "
+                      f"exact={result['exact']}" + (f"  {ratio}x python" if ratio else ""), flush=True)
     return 0 if all(r["exact"] for r in results) else 1
 
 

@@ -89,7 +89,9 @@ class SoftswitchProcess(ChildProcess):
     target = "softswitch"
     moves_udp = True
 
-    def __init__(self, grpc_port: int = 0, host: str | None = None, args: tuple[str, ...] = ()) -> None:
+    def __init__(self, grpc_port: int = 0, host: str | None = None, pipeline: str | None = None,
+                 args: tuple[str, ...] = ()) -> None:
+        self.pipeline = pipeline  # softswitch's --pipeline (native or python); None: its default
         self.args = args
         self.udp_port = c.UDP_PORT_BASE
         self.switch_port = 1
@@ -106,6 +108,8 @@ class SoftswitchProcess(ChildProcess):
         udp = f"{self.switch_port}@{self.host}:{self.udp_port}"
         argv = ["softswitch.cli", "--grpc-addr", f"127.0.0.1:{grpc_port}", "--udp", udp, "--log-level=INFO",
                 *self.args]
+        if self.pipeline:
+            argv += ["--pipeline", self.pipeline]
         fields = self._spawn(argv, SWITCH_READY)
         self.grpc_addr, self.tls = fields["grpc"], fields["tls"]
 

@@ -219,6 +219,10 @@ IP_CHECKSUM = FRAME_IPV4 + 10
 IP_SRC, IP_DST = slice(FRAME_IPV4 + 12, FRAME_IPV4 + 16), slice(FRAME_IPV4 + 16, FRAME_IPV4 + 20)
 UDP_SPORT, UDP_DPORT = slice(FRAME_UDP, FRAME_UDP + 2), slice(FRAME_UDP + 2, FRAME_UDP + 4)
 UDP_LEN, UDP_CHECKSUM = FRAME_UDP + 4, FRAME_UDP + 6
+#: The first byte of an IPv4 header without options: version 4, IHL 5 words (the only one parsed as IPv4).
+IPV4_VERSION_IHL = 0x40 | c.IPV4_BYTES // 4
+#: The fragment offset: the low 13 bits of the flags word at IP_FRAG.
+IP_FRAG_OFFSET_MASK = 0x1FFF
 
 
 def ipv4_checksum(header: bytes) -> int:
@@ -251,7 +255,7 @@ def build_frame(
     """Ethernet/IPv4/UDP around lhc bytes, UDP checksum 0 (allowed over IPv4)."""
     udp_len = c.UDP_BYTES + len(lhc_bytes)
     ip = struct.pack(
-        "!BBHHHBBH4s4s", 0x45, 0, c.IPV4_BYTES + udp_len, 0, 0x4000, ttl, c.IP_PROTO_UDP, 0,
+        "!BBHHHBBH4s4s", IPV4_VERSION_IHL, 0, c.IPV4_BYTES + udp_len, 0, 0x4000, ttl, c.IP_PROTO_UDP, 0,
         ip_bytes(src_ip), ip_bytes(dst_ip),
     )
     ip = ip[:10] + struct.pack("!H", ipv4_checksum(ip)) + ip[12:]

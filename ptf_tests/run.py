@@ -1,5 +1,7 @@
 """Run the PTF suite against a target: ``python -m ptf_tests.run --target softswitch|bmv2 [TEST ...]``.
 
+``--pipeline native|python`` picks softswitch's pipeline (its own default when left out).
+
 As root: create the veth pairs, start the target on their switch ends, run ``ptf`` on their other ends
 with the test parameters the base class reads, and tear everything down whatever happens (failure,
 Ctrl-C, SIGTERM). The exit status is ptf's (2 for a harness error before ptf ran).
@@ -27,14 +29,20 @@ NEGATIVE_TIMEOUT = {"softswitch": 0.1, "bmv2": 0.3}
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ptf_tests.run", description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=["softswitch", "bmv2"], default="softswitch")
+    parser.add_argument("--pipeline", choices=["native", "python"], default=None,
+                        help="softswitch's pipeline (default: softswitch's own, native where it is built)")
     parser.add_argument("--ports", type=int, default=8, help="veth pairs = PTF ports 1..N (default 8)")
     parser.add_argument("--p4info", type=Path, default=V1MODEL_P4INFO)
-    parser.add_argument("--log-dir", type=Path, default=None, help="default build/ptf/<target>")
+    parser.add_argument("--log-dir", type=Path, default=None,
+                        help="default build/ptf/<target>, or build/ptf/softswitch-<pipeline>")
     parser.add_argument("--log-level", default="INFO", help="softswitch's --log-level (DEBUG, INFO, ...)")
     parser.add_argument("--negative-timeout", type=float, default=None, help="seconds; default per target")
     parser.add_argument("--failfast", action="store_true")
     parser.add_argument("tests", nargs="*", help="ptf test specs (module or module.Class); default all")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.pipeline and args.target != "softswitch":
+        parser.error("--pipeline applies to softswitch only")
+    return args
 
 
 def ptf_command(
@@ -79,14 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("ptf_tests.run needs root (veth pairs, AF_PACKET)", file=sys.stderr)
         return 2
-    log_dir = args.log_dir or REPO_ROOT / "build" / "ptf" / args.target
+    name = f"{args.target}-{args.pipeline}" if args.pipeline else args.target
+    log_dir = args.log_dir or REPO_ROOT / "build" / "ptf" / name
     log_dir.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, _terminate)
     pairs = veth.pair_names(range(1, args.ports + 1))
     target = None
     try:
         veth.create(pairs)
-        target = targets.start(args.target, pairs, log_dir, log_level=args.log_level)
+        target = targets.start(args.target, pairs, log_dir, log_level=args.log_level, pipeline=args.pipeline)
         command = ptf_command(args, pairs, target, log_dir)
         started = time.monotonic()
         status = subprocess.run(command, cwd=REPO_ROOT).returncode

@@ -68,8 +68,10 @@ def _executable(name: str) -> str:
     return found
 
 
-def start_softswitch(pairs: list[VethPair], log_dir: Path, log_level: str = "INFO") -> Target:
-    """``lhc-softswitch`` on the switch ends; ready once it prints its one startup line on stdout."""
+def start_softswitch(pairs: list[VethPair], log_dir: Path, log_level: str = "INFO",
+                     pipeline: str | None = None) -> Target:
+    """``lhc-softswitch`` on the switch ends, running ``pipeline`` (its default when None); ready once it
+    prints its one startup line on stdout."""
     grpc_addr = f"127.0.0.1:{free_tcp_port()}"
     command = [
         _executable("lhc-softswitch"),
@@ -82,6 +84,8 @@ def start_softswitch(pairs: list[VethPair], log_dir: Path, log_level: str = "INF
     ]
     for pair in pairs:
         command += ["--port", f"{pair.port}@{pair.switch_end}"]
+    if pipeline:
+        command += ["--pipeline", pipeline]
     log_path = log_dir / "softswitch.log"
     log = log_path.open("w")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO_ROOT)
@@ -150,11 +154,13 @@ def start_bmv2(pairs: list[VethPair], log_dir: Path, json_path: Path = BMV2_JSON
     return Target("bmv2", process, grpc_addr, device_config, log_path)
 
 
-def start(name: str, pairs: list[VethPair], log_dir: Path, *, log_level: str = "INFO") -> Target:
-    """Start ``name`` (softswitch or bmv2) on the switch ends of ``pairs``, logging into ``log_dir``."""
+def start(name: str, pairs: list[VethPair], log_dir: Path, *, log_level: str = "INFO",
+          pipeline: str | None = None) -> Target:
+    """Start ``name`` (softswitch, with ``pipeline``, or bmv2) on the switch ends of ``pairs``, logging
+    into ``log_dir``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     if name == "softswitch":
-        return start_softswitch(pairs, log_dir, log_level)
+        return start_softswitch(pairs, log_dir, log_level, pipeline)
     if name == "bmv2":
         return start_bmv2(pairs, log_dir)
     raise TargetError(f"unknown target {name!r} (softswitch or bmv2)")

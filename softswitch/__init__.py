@@ -1,4 +1,4 @@
-"""softswitch: the embedded P4 target, a Python twin of ``p4src/v1model/lhc.p4``.
+"""softswitch: the embedded P4 target, a twin of ``p4src/v1model/lhc.p4`` (in Python, and in C).
 
 It exists so that every machine can run the switch half of lhc-ina without BMv2 or Tofino: the demo, the
 tests and CI. Same packets in, same packets out, same P4Runtime face as BMv2 running the v1model program;
@@ -9,9 +9,10 @@ Modules, one job each:
 
 - ``tables``: exact and LPM match-action tables (dicts), the data plane's view and the control plane's.
 - ``pre``: the packet replication engine (multicast groups).
-- ``pipeline``: parser, ingress, egress, checksum and deparser, mirroring the P4 controls.
+- ``pipeline``: parser, ingress, egress, checksum and deparser, mirroring the P4 controls (the reference).
+- ``native``: the same pipeline in C (``_dataplane*.c``) over the Pipeline's own state, run per burst.
 - ``ports``: port specs and the two port kinds (AF_PACKET interfaces, UDP over loopback).
-- ``dataplane``: the receive loop that feeds ports' frames through the pipeline.
+- ``dataplane``: the receive loop that feeds ports' frames through either pipeline.
 - ``p4info_compare``, ``entities``, ``arbitration``, ``server``: the P4Runtime server.
 - ``cli``: ``lhc-softswitch``.
 """

@@ -1,16 +1,20 @@
 """``lhc-softswitch``: run softswitch with its P4Runtime server and ports until SIGINT or SIGTERM.
 
     lhc-softswitch [--grpc-addr HOST:PORT] [--device-id N] [--port N@IFACE ...] [--udp N@HOST:UDPPORT ...]
-                   [--tls-cert PEM --tls-key PEM [--tls-ca PEM]] [--log-level LEVEL]
+                   [--pipeline native|python] [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]
+                   [--log-level LEVEL]
 
 Once gRPC listens and every port is open, one line goes to stdout (flushed), e.g.
 
-    lhc-softswitch ready: grpc=127.0.0.1:9559 device_id=1 ports=1@veth1,2@127.0.0.1:19520/udp tls=plaintext
+    lhc-softswitch ready: grpc=127.0.0.1:9559 device_id=1 ports=1@veth1,2@127.0.0.1:19520/udp pipeline=native
+    tls=plaintext
 
 with the ports actually bound (``--grpc-addr 127.0.0.1:0`` picks a free port; a UDP port 0 the first free
-one of the lhc range, and a UDP port outside that range is refused) and how P4Runtime is served:
+one of the lhc range, and a UDP port outside that range is refused), the pipeline that runs (native by
+default where softswitch/_dataplane.c was built, python otherwise) and how P4Runtime is served:
 ``plaintext``, ``tls`` (``--tls-cert``/``--tls-key``) or ``mutual`` (and ``--tls-ca``: only controllers
-whose certificate it signed get in). Harnesses wait for it. Logs go to stderr.
+whose certificate it signed get in). Harnesses wait for it. Logs go to stderr. If the data plane's thread
+dies, the process logs it and exits with status 1.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import threading
 
 from lhc_ina import tls
 from lhc_ina.p4info import P4InfoIndex
-from softswitch.dataplane import DataPlane
+from softswitch.dataplane import NATIVE_BURST, DataPlane
+from softswitch.native import PIPELINES, NativePipeline, choose_pipeline, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.ports import Port, PortSpecError, open_port, parse_port_specs
 from softswitch.program import PipelineMismatch
@@ -37,7 +42,8 @@ READY = "lhc-softswitch ready:"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lhc-softswitch",
-        description="softswitch: the lhc v1model pipeline in Python, with a P4Runtime server",
+        description="softswitch: the lhc v1model pipeline (native C or the Python reference model) with a "
+                    "P4Runtime server",
     )
     parser.add_argument("--grpc-addr", default="127.0.0.1:9559",
                         help="P4Runtime listen address HOST:PORT (default %(default)s; port 0 picks one)")
@@ -47,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--udp", action="append", default=[], metavar="N@HOST:UDPPORT",
                         help="run switch port N as UDP on HOST:UDPPORT (no root), UDPPORT in the lhc range "
                              "or 0 (a free one in it); N@ may be left out (next free number); repeatable")
+    parser.add_argument("--pipeline", choices=PIPELINES, default=None,
+                        help="the data plane: native (C, the default where it is built) or python (the "
+                             "reference model)")
     tls.add_arguments(parser, role={
         "ca": "sign the controllers it admits: with it, mutual TLS (a client without such a certificate "
               "is refused)",
@@ -64,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         specs = parse_port_specs(args.port, args.udp)
     except PortSpecError as exc:
+        print(f"lhc-softswitch: {exc}", file=sys.stderr)
+        return 2
+    try:
+        kind = choose_pipeline(args.pipeline)
+    except RuntimeError as exc:
         print(f"lhc-softswitch: {exc}", file=sys.stderr)
         return 2
     try:
@@ -97,21 +111,31 @@ def main(argv: list[str] | None = None) -> int:
             port.close()
         print(f"lhc-softswitch: {exc}", file=sys.stderr)
         return 1
-    dataplane = DataPlane(pipeline, ports, lock)
+    stop = threading.Event()
+    native = NativePipeline(pipeline, NATIVE_BURST) if kind == "native" else None
+    dataplane = DataPlane(pipeline, ports, lock, native=native, on_failure=lambda _: stop.set())
+    # One line on stderr whatever the log level: which pipeline forwards, and why when it is not the default.
+    why = {"native": "C, softswitch/_dataplane.c", "python": "the reference model"}[kind]
+    if args.pipeline is None and not native_available():
+        why = "the native pipeline, softswitch/_dataplane.c, is not built"
+    print(f"lhc-softswitch: data plane: the {kind} pipeline ({why})", file=sys.stderr, flush=True)
     dataplane.start()
 
-    stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     host = args.grpc_addr.rsplit(":", 1)[0]
     described = ",".join(port.spec.describe() for port in ports) or "none"
-    print(f"{READY} grpc={host}:{grpc_port} device_id={args.device_id} ports={described} tls={tls_mode}",
-          flush=True)
+    print(f"{READY} grpc={host}:{grpc_port} device_id={args.device_id} ports={described} pipeline={kind} "
+          f"tls={tls_mode}", flush=True)
     while not stop.wait(0.5):
         pass
-    log.info("stopping: %d frames received, %d raised", dataplane.frames_in, dataplane.errors)
+    log.info("stopping: %d frames received, %d raised, %d socket errors", dataplane.frames_in,
+             dataplane.errors, dataplane.socket_errors)
     server.stop(grace=1).wait()
     dataplane.stop()
+    if dataplane.failed is not None:
+        log.critical("lhc-softswitch: exiting with status 1: the data plane died (%r)", dataplane.failed)
+        return 1
     return 0
 
 

@@ -37,10 +37,12 @@ from lhc_ina.wire import (
     IP_CHECKSUM,
     IP_DST,
     IP_FRAG,
+    IP_FRAG_OFFSET_MASK,
     IP_PROTO,
     IP_SRC,
     IP_TOTAL_LEN,
     IP_TTL,
+    IPV4_VERSION_IHL,
     UDP_CHECKSUM,
     UDP_DPORT,
     UDP_LEN,
@@ -208,12 +210,12 @@ class Pipeline:
             return _ETHERNET, False
         if length < FRAME_IPV4 + 1:  # parse_ipv4_check: lookahead<bit<8>> past the end
             return _ETHERNET, True
-        if rx[FRAME_IPV4] != 0x45:  # not version 4 with ihl 5 -> accept
+        if rx[FRAME_IPV4] != IPV4_VERSION_IHL:  # not version 4 with ihl 5 -> accept
             return _ETHERNET, False
         if length < FRAME_UDP:
             return _ETHERNET, True
         # parse_ipv4: select (frag_offset, protocol); frag_offset is the low 13 bits of the flags word
-        if _U16.unpack_from(rx, IP_FRAG)[0] & 0x1FFF or rx[IP_PROTO] != c.IP_PROTO_UDP:
+        if _U16.unpack_from(rx, IP_FRAG)[0] & IP_FRAG_OFFSET_MASK or rx[IP_PROTO] != c.IP_PROTO_UDP:
             return _IPV4_VALID, False
         if length < FRAME_LHC:
             return _IPV4_VALID, True
@@ -397,7 +399,7 @@ class Pipeline:
             rx[ETH_DST] = dst_mac.to_bytes(6, "big")
             _U32.pack_into(rx, IP_DST.start, dst_addr)
             _U16.pack_into(rx, UDP_DPORT.start, dst_port)
-        ipv4 = _U16.unpack_from(rx, ETH_TYPE)[0] == c.ETHERTYPE_IPV4 and rx[FRAME_IPV4] == 0x45
+        ipv4 = _U16.unpack_from(rx, ETH_TYPE)[0] == c.ETHERTYPE_IPV4 and rx[FRAME_IPV4] == IPV4_VERSION_IHL
         if ipv4 and length >= FRAME_UDP:
             words = _IPV4_WORDS.unpack_from(rx, FRAME_IPV4)
             total = sum(words) - words[_IP_CHECKSUM_WORD]

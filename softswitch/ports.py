@@ -41,6 +41,7 @@ from lhc_ina.wire import (
     IP_PROTO,
     IP_SRC,
     IP_TOTAL_LEN,
+    IPV4_VERSION_IHL,
     UDP_DPORT,
     UDP_LEN,
     UDP_SPORT,
@@ -55,7 +56,8 @@ _PACKET_ADD_MEMBERSHIP = 1
 _PACKET_MR_PROMISC = 1
 _PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20; older kernels: the pkttype check below does the job
 _SOL_PACKET = 263
-_MAX_PORT = (1 << 9) - 2  # 9-bit ports; 511 is v1model's drop port
+#: The highest port number: ports are 9 bits and 511 is v1model's drop port.
+MAX_PORT = (1 << 9) - 2
 _SOCKET_BUFFER = 4 << 20  # bytes: absorbs bursts of a few thousand lhc packets
 _U16 = struct.Struct("!H")
 
@@ -81,8 +83,8 @@ class PortSpec:
 
 
 def _port_number(text: str, spec: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= _MAX_PORT:
-        raise PortSpecError(f"{spec!r}: port number must be 0..{_MAX_PORT} (511 is the drop port)")
+    if not text.isdigit() or not 0 <= int(text) <= MAX_PORT:
+        raise PortSpecError(f"{spec!r}: port number must be 0..{MAX_PORT} (511 is the drop port)")
     return int(text)
 
 
@@ -137,7 +139,7 @@ def parse_port_specs(ifaces: list[str], udps: list[str]) -> list[PortSpec]:
     specs = [parse_iface_spec(s) for s in ifaces]
     for text in udps:
         taken = {s.number for s in specs}
-        next_free = next(n for n in range(1, _MAX_PORT + 1) if n not in taken)
+        next_free = next(n for n in range(1, MAX_PORT + 1) if n not in taken)
         specs.append(parse_udp_spec(text, next_free))
     numbers = [s.number for s in specs]
     duplicates = sorted({n for n in numbers if numbers.count(n) > 1})
@@ -163,9 +165,10 @@ class UdpPort:
         self._rx = rx
         self._into = memoryview(rx)[FRAME_LHC:]
         local = socket.inet_aton(self.address[0])
-        self._template = self._frame_template(local, self.address[1])
+        #: The headers every received datagram gets (the native pipeline synthesizes from it too).
+        self.template = self._frame_template(local, self.address[1])
         # Sum of the IPv4 header's 16-bit words that never change (everything but src, total_len, csum).
-        words = struct.unpack(f"!{c.IPV4_BYTES // 2}H", self._template[FRAME_IPV4:FRAME_UDP])
+        words = struct.unpack(f"!{c.IPV4_BYTES // 2}H", self.template[FRAME_IPV4:FRAME_UDP])
         changing = (IP_TOTAL_LEN, IP_CHECKSUM, IP_SRC.start, IP_SRC.start + 2)
         self._fixed_sum = sum(words) - sum(words[(at - FRAME_IPV4) // 2] for at in changing)
         self._sources: dict[str, tuple[bytes, int]] = {}
@@ -206,7 +209,7 @@ class UdpPort:
             source = self._sources[host] = (raw, (raw[0] << 8 | raw[1]) + (raw[2] << 8 | raw[3]))
         raw, src_sum = source
         rx = self._rx
-        rx[0:FRAME_LHC] = self._template
+        rx[0:FRAME_LHC] = self.template
         rx[ETH_SRC.start + 2 : ETH_SRC.stop] = raw
         rx[IP_SRC] = raw
         total_len = c.IPV4_BYTES + c.UDP_BYTES + size
@@ -222,7 +225,7 @@ class UdpPort:
     def send(self, frame: memoryview) -> None:
         """A frame leaving this port: its UDP payload goes to (ipv4.dst, udp.dst) at the next ``flush``."""
         if len(frame) < FRAME_LHC or _U16.unpack_from(frame, ETH_TYPE)[0] != c.ETHERTYPE_IPV4 \
-                or frame[FRAME_IPV4] != 0x45 or frame[IP_PROTO] != c.IP_PROTO_UDP:
+                or frame[FRAME_IPV4] != IPV4_VERSION_IHL or frame[IP_PROTO] != c.IP_PROTO_UDP:
             self.dropped_non_udp += 1
             log.debug("port %d: dropped a frame that is not IPv4/UDP (UDP ports carry only UDP)", self.number)
             return

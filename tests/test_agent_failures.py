@@ -107,6 +107,20 @@ def test_messages_of_another_call_are_caught_by_the_seal_on_every_worker() -> No
         assert isinstance(result, AggregationError) and "seal summed" in str(result), result
 
 
+def test_messages_of_another_call_are_caught_by_the_seal_through_the_switch(switch_stack) -> None:
+    """The same through softswitch, where positions are all the switch knows: it adds rank 0's words of
+    its "next" call to rank 1's, and only the seal tells."""
+    controller, job = switch_stack.new_job(workers=2)
+    agents = _in_threads_join(controller, job, 2)
+    agents[0]._calls = 1
+    x = torch.arange(200, dtype=torch.int32)
+    results = _in_threads(agents, lambda agent: _try(lambda: agent.allreduce(x, mode="dense")))
+    for agent in agents:
+        agent.close()
+    for result in results:
+        assert isinstance(result, AggregationError) and "seal summed" in str(result), result
+
+
 def _try(fn):
     try:
         return fn()

@@ -44,12 +44,20 @@ def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys):
     assert trials["cells_per_candidate"] > 1.22
 
 
-def test_switch_benchmark_reports_rates(capsys):
-    assert main(["switch", "--case", "pipeline", "--seconds", "0.2", "--json"]) == 0
-    (case,) = _json_lines(capsys.readouterr().out)
-    assert case["packets_per_s"] > 0
-    assert case["exact"] is True, "every result copy must carry the workers' sum"
-    assert case["result_copies"] == case["rounds"] * case["workers"]
+@pytest.mark.parametrize("case", ["pipeline", "udp"])
+def test_switch_benchmark_reports_rates_of_both_pipelines(case, capsys):
+    from softswitch.native import native_available
+
+    assert main(["switch", "--case", case, "--seconds", "0.3", "--json"]) == 0
+    rows = _json_lines(capsys.readouterr().out)
+    assert [row["pipeline"] for row in rows] == ["python"] + (["native"] if native_available() else [])
+    for row in rows:
+        assert row["case"] == case and row["packets_per_s"] > 0
+        assert row["exact"] is True, "every result copy must carry the workers' sum"
+        assert row["result_copies"] == row["rounds"] * row["workers"]
+    if len(rows) == 2:
+        ratio = rows[1]["packets_per_s"] / rows[0]["packets_per_s"]
+        assert rows[1]["native_over_python"] == pytest.approx(ratio, abs=0.01)
 
 
 @pytest.mark.parametrize("bad", [["--mode", "foo"], ["--workers", "40"], ["--block", "0"], ["--density", "2"],

@@ -18,7 +18,14 @@ from host_agent.codec import (
     reduce_words,
 )
 from host_agent.codec.arith import add_int32, wrap_int32
-from host_agent.codec.bits import nonzero_positions, pack_bits, set_bits_bytes, set_bits_native
+from host_agent.codec.bits import (
+    nonzero_positions,
+    pack_bits,
+    set_bits_bytes,
+    set_bits_native,
+    words_from_positions_native,
+    words_from_positions_torch,
+)
 from host_agent.codec.index import (
     bloom_fp_rate,
     choose_index,
@@ -27,10 +34,21 @@ from host_agent.codec.index import (
     query_bloom_native,
     query_index,
 )
+from host_agent.codec.items import scan_nonzero_native
 from host_agent.codec.native import native_available
 from host_agent.codec.peeling import peel, peel_native, peel_parallel
 from host_agent.codec.quantize import dequantize, quantize
-from host_agent.codec.sketch import PEEL_THRESHOLD, SketchSpec, cell_ids, encode_sketch, sketch_cells
+from host_agent.codec.sketch import (
+    FUSE_MIN_CELLS,
+    PEEL_THRESHOLD,
+    SketchSpec,
+    cell_ids,
+    encode_sketch,
+    encode_sketch_native,
+    encode_sketch_torch,
+    fuse_threshold,
+    sketch_cells,
+)
 from lhc_ina.constants import LANES, MAX_WORKERS, PAYLOAD_BYTES, Op
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -138,7 +156,9 @@ def test_torch_code_alone_is_exact_where_the_kernels_are_not_built(monkeypatch, 
     # what a CUDA tensor or an install without a C compiler runs
     import host_agent.codec.bits as bits
     import host_agent.codec.index as index_module
+    import host_agent.codec.items as items_module
     import host_agent.codec.peeling as peeling
+    import host_agent.codec.sketch as sketch
 
     calls = []
 
@@ -146,17 +166,17 @@ def test_torch_code_alone_is_exact_where_the_kernels_are_not_built(monkeypatch, 
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a: calls.append(name) or real(*a))
 
-    monkeypatch.setattr(peeling, "native", None)
-    monkeypatch.setattr(bits, "native", None)
-    monkeypatch.setattr(index_module, "native", None)
+    for module in (peeling, bits, index_module, items_module, sketch):
+        monkeypatch.setattr(module, "native", None)
     spy(peeling, "peel_parallel")
     spy(bits, "set_bits_bytes")
     spy(index_module, "query_bloom_chunks")
+    spy(sketch, "encode_sketch_torch")
     xs = make_inputs(4, 5, 20_000, "random", 0.02)
     result = aggregate_local(xs, mode="sketch", index=index)
     assert result.stats["residue"] == 0 and result.stats["peel_rounds"] > 0
     assert torch.equal(result.total, exact_sum(xs))
-    assert "peel_parallel" in calls
+    assert "peel_parallel" in calls and "encode_sketch_torch" in calls
     assert ("set_bits_bytes" in calls) == (index == "bitmap")
     assert ("query_bloom_chunks" in calls) == (index == "bloom")
 
@@ -401,30 +421,86 @@ def test_the_compiled_kernels_are_built():
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
-    k=st.sampled_from([0, 1, 2, 7, 300, 5000]),
+    k=st.sampled_from([0, 1, 2, 7, 300, 5000, 70_000]),  # 70,000: the fused layout, on two threads
     load=st.sampled_from([0.3, 0.8, 1.0, 1.3]),  # candidates per cell / threshold: > 1 leaves a residue
     block=st.sampled_from([1, 3, 32]),
 )
 def test_compiled_and_parallel_peeling_agree(seed, k, load, block):
+    if k >= 70_000 and block == 32:
+        block = 2  # the same layout; 32 lanes would only make the torch reference slow
     g = torch.Generator().manual_seed(seed)
     cands = torch.randperm(1 << 22, generator=g)[:k]  # unsorted on purpose
     values = torch.randint(-(2**31), 2**31, (k, block), generator=g, dtype=torch.int64).to(torch.int32)
-    cells = 3 * max(1, math.ceil(PEEL_THRESHOLD * k / load / 3))
+    cells = max(3, math.ceil(PEEL_THRESHOLD * k / load))
     spec = SketchSpec(cells, block, seed=seed)
+    assert spec.fused == (k >= 70_000)
     words = encode_sketch(spec, cands, values).view(cells, block)
     before = words.clone()
-    native = peel_native(spec, cands, words)
     parallel = peel_parallel(cell_ids(spec, cands), words)
+    for threads in (1, 2):
+        native = peel_native(spec, cands, words, threads=threads)
+        assert torch.equal(native.peeled, parallel.peeled)
+        assert torch.equal(native.values, parallel.values)
     assert torch.equal(words, before), "peeling must not modify the aggregate"
-    assert torch.equal(native.peeled, parallel.peeled)
-    assert torch.equal(native.values, parallel.values)
-    assert native.rounds == parallel.rounds
-    assert torch.equal(native.values[native.peeled], values[native.peeled])
-    assert not native.values[~native.peeled].any()
+    assert torch.equal(parallel.values[parallel.peeled], values[parallel.peeled])
+    assert not parallel.values[~parallel.peeled].any()
     if load <= 0.8 and k >= 300:
-        assert native.peeled.all()
+        assert parallel.peeled.all()
     if load >= 1.3 and k >= 300:
-        assert not native.peeled.all()
+        assert not parallel.peeled.all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    k=st.sampled_from([0, 1, 50, 3000, 60_000]),
+    cells=st.sampled_from([3, 10, 1000, FUSE_MIN_CELLS, 200_003]),
+    block=st.sampled_from([1, 3]),
+)
+def test_compiled_and_torch_sketch_encodings_agree(seed, k, cells, block):
+    g = torch.Generator().manual_seed(seed)
+    items = torch.randperm(1 << 26, generator=g)[:k].sort().values
+    values = torch.randint(-(2**31), 2**31, (k, block), generator=g, dtype=torch.int64).to(torch.int32)
+    spec = SketchSpec(cells, block, seed=seed)
+    assert torch.equal(encode_sketch_native(spec, items, values), encode_sketch_torch(spec, items, values))
+
+
+def test_fused_layout_has_fewer_cells_and_distinct_cells_in_consecutive_segments():
+    k = 1_300_000
+    cells = sketch_cells(k, 0.03, 1, LANES)
+    spec = SketchSpec(cells, 1, seed=3)
+    assert spec.fused and spec.arity == 4 and cells < 1.11 * k
+    assert sketch_cells(k, 0.03, 1, LANES) >= fuse_threshold(k) * 1.03 * k
+    items = torch.randperm(1 << 24, generator=torch.Generator().manual_seed(0))[:5000]
+    segment = torch.div(cell_ids(spec, items), spec.segment_cells, rounding_mode="floor")
+    assert bool((segment[1:] - segment[:-1] == 1).all())  # one cell in each of 4 consecutive segments
+    assert int(segment.max()) < spec.starts + 3
+    small = SketchSpec(sketch_cells(1000, 0.03, 1, LANES), 1, seed=3)
+    assert not small.fused and small.arity == 3 and small.starts == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.sampled_from([1, 15, 17, 1000, (1 << 20) + 5]),
+    density=st.sampled_from([0.0, 0.01, 0.2, 1.0]),  # 0.2 and 1.0: more than the first guess holds
+    dtype=st.sampled_from([torch.float32, torch.int32]),
+    threads=st.sampled_from([1, 2]),
+)
+def test_compiled_nonzero_scan_agrees_with_torch(seed, n, density, dtype, threads):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.where(torch.rand(n, generator=g) < density, torch.randn(n, generator=g) * 100, 0.0)
+    if dtype == torch.float32:
+        x[torch.rand(n, generator=g) < 0.01] = -0.0
+        x[torch.rand(n, generator=g) < 0.01] = float("nan")
+    x = x.to(dtype)
+    pos, vals = scan_nonzero_native(x, threads)
+    expected = torch.nonzero(x != 0).squeeze(1)
+    assert torch.equal(pos, expected)
+    assert torch.equal(vals.view(-1).view(torch.int32), x[expected].view(torch.int32))  # NaN bits too
+    positions, n_words = expected[:1000], (n + 31) // 32
+    bitmap = words_from_positions_native(positions, n_words)
+    assert torch.equal(bitmap, words_from_positions_torch(positions, n_words))
 
 
 def test_compiled_peeling_rejects_bad_tensors():

@@ -117,7 +117,7 @@ def test_receive_only_stores_and_advance_computes_in_a_worker_thread(monkeypatch
     import host_agent.codec.protocol as protocol
 
     calls: list[str] = []
-    for name in ("peel", "query_index", "nonzero_items", "encode_sketch"):
+    for name in ("peel", "query_index", "nonzero_rows", "encode_sketch"):
         real = getattr(protocol, name)
         monkeypatch.setattr(
             protocol, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a)
@@ -137,7 +137,7 @@ def test_receive_only_stores_and_advance_computes_in_a_worker_thread(monkeypatch
     for s in sessions:
         assert s.can_advance
         worker.submit(advance, s).result()  # encoding: the worker thread
-    assert set(calls) == {"nonzero_items", "encode_sketch"}
+    assert set(calls) == {"nonzero_rows", "encode_sketch"}
     calls.clear()
     assert [s.ready_messages for s in sessions] == [3] * 4  # agree, index, sketch
     batches = [[s.next_message() for _ in range(3)] for s in sessions]

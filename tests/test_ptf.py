@@ -1,5 +1,6 @@
-"""The PTF suite (ptf_tests/) run by its harness, from pytest: on softswitch always (as root), on BMv2 when
-simple_switch_grpc is on PATH. The suite's own report is in the output and in build/ptf/<target>/."""
+"""The PTF suite (ptf_tests/) run by its harness, from pytest: on softswitch always (as root), once per
+pipeline (python, and native where it is built), and on BMv2 when simple_switch_grpc is on PATH. The
+suite's own report is in the output and in build/ptf/<target>/ (build/ptf/softswitch-<pipeline>/)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from softswitch.native import native_available
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_suite(target: str) -> subprocess.CompletedProcess:
+def run_suite(target: str, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "ptf_tests.run", "--target", target],
+        [sys.executable, "-m", "ptf_tests.run", "--target", target, *options],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -25,8 +28,10 @@ def run_suite(target: str) -> subprocess.CompletedProcess:
 @pytest.mark.root
 @pytest.mark.slow
 @pytest.mark.timeout(660)
-def test_ptf_suite_on_softswitch() -> None:
-    result = run_suite("softswitch")
+@pytest.mark.parametrize("pipeline", [pytest.param("python"), pytest.param("native", marks=pytest.mark.skipif(
+    not native_available(), reason="the native pipeline (softswitch/_dataplane.c) is not built"))])
+def test_ptf_suite_on_softswitch(pipeline: str) -> None:
+    result = run_suite("softswitch", "--pipeline", pipeline)
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-20000:]
 
 

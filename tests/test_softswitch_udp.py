@@ -22,6 +22,7 @@ from lhc_ina import wire
 from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.cli import READY
+from softswitch.native import native_available
 from softswitch.ports import PortSpec, UdpPort, parse_port_specs
 from softswitch.testing import data_packet, job_updates, make_job, position
 
@@ -30,14 +31,16 @@ RNG = np.random.default_rng(11)
 
 
 class Softswitch:
-    """An lhc-softswitch process on a random loopback address's lhc port, with a P4Runtime stub."""
+    """An lhc-softswitch process running ``pipeline`` on a random loopback address's lhc port, with a
+    P4Runtime stub."""
 
-    def __init__(self) -> None:
+    def __init__(self, pipeline: str) -> None:
+        self.pipeline = pipeline
         for _ in range(5):
             self.host = f"127.{RNG.integers(1, 255)}.{RNG.integers(0, 256)}.{RNG.integers(1, 255)}"
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "softswitch.cli", "--grpc-addr", "127.0.0.1:0",
-                 "--udp", f"1@{self.host}:{c.UDP_PORT_BASE}", "--log-level", "INFO"],
+                 "--udp", f"1@{self.host}:{c.UDP_PORT_BASE}", "--log-level", "INFO", "--pipeline", pipeline],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )
             self.line = self.proc.stdout.readline()
@@ -74,9 +77,13 @@ class Softswitch:
         return self.proc.returncode, err
 
 
-@pytest.fixture
-def switch() -> Iterator[Softswitch]:
-    sw = Softswitch()
+PIPELINES = [pytest.param("python"), pytest.param("native", marks=pytest.mark.skipif(
+    not native_available(), reason="the native pipeline is not built"))]
+
+
+@pytest.fixture(params=PIPELINES)
+def switch(request: pytest.FixtureRequest) -> Iterator[Softswitch]:
+    sw = Softswitch(request.param)
     yield sw
     if sw.proc.poll() is None:
         sw.stop()
@@ -113,7 +120,7 @@ def round_trip(sw: Softswitch, socks: list[socket.socket], job: JobLayout, p: in
 
 def test_ready_line_aggregation_over_udp_and_clean_sigterm(switch):
     assert switch.line.startswith(f"{READY} grpc=127.0.0.1:")
-    assert f"ports=1@{switch.host}:19520/udp" in switch.line
+    assert f"ports=1@{switch.host}:19520/udp pipeline={switch.pipeline}\n" in switch.line
     socks, workers = worker_sockets(4)
     job = make_job(3, 2, workers, slot_count=8, epoch=9)
     switch.stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(INDEX, job)))

@@ -1,36 +1,28 @@
 /*
- * The codec's CPU kernels, where torch's one-pass-per-operation model costs most: peeling an aggregated
- * sketch, listing the set bits of an aggregated bitmap, and querying an aggregated Bloom filter.
+ * The codec's CPU kernels, where torch's one-pass-per-operation model costs most, and their Python
+ * bindings. Each has a torch twin that stays the reference (and the CUDA path); the tests hold the two to
+ * identical bits.
  *
- * peel: sequential peeling of an aggregated partitioned Count Sketch.
+ *   peel (peel_kernels.c)            peeling an aggregated sketch, in cache, on up to two threads
+ *   encode_sketch (sketch_kernels.c) adding a worker's items into its sketch, in order of start segment
+ *   scan_nonzero (scan_kernels.c)    the nonzero elements of a bucket, in one streaming pass
+ *   set_positions                    a bitmap from sorted positions (bits.words_from_positions)
+ *   popcount, set_bits               the set bits of a word array, in one pass with ctz (bits.set_bits)
+ *   bloom_hits                       every item's membership in a pattern-blocked Bloom filter, as a bit
+ *                                    array; one hash, one load and one compare per item
  *
- * The torch decoder in peeling.py peels in parallel rounds; on a CPU that costs about a dozen separate
- * passes of random gathers and scatters per candidate, one torch kernel each. This is the same peeling
- * done with one work queue and every touch of a cell in one place: a cell's candidate count, the XOR of
- * its candidates' numbers and its block of values sit side by side in one record, so updating a cell is
- * one cache miss instead of three. The cells are hashed here from the item numbers (no table of cell ids
- * to read), and the loops work in groups of GROUP: first fetch every record the group will touch, then
- * update them, so that the group's cache misses overlap.
- *
- * It peels the same candidates and recovers the same values as the parallel rounds, and reports the same
- * number of rounds: the queue is processed level by level, and level r holds exactly the cells that the
- * parallel decoder finds pure in round r (a cell becomes pure at most once, since counts only fall).
- * Values are summed modulo 2^32 in uint32, which is the int32 wrap-around of the switch's ADD.
- *
- * set_bits: the positions of the set bits of a word array (bits.set_bits), in one pass with ctz instead of
- * the eight torch passes over the set bits of the byte-table method.
- *
- * bloom_hits: every item's membership in a pattern-blocked Bloom filter (index.query_index), as a bit
- * array; one hash, one load and one compare per item, where torch makes a pass over all items for each.
- *
- * Interface (called from peeling.py, bits.py and index.py, which check the dtypes, shapes and contiguity
- * of the tensors whose addresses they pass):
- *   peel(k, table_cells, (seed0, seed1, seed2), block, items, cells, values, peeled) -> rounds
- *     items   const int64[k]          the candidates' item numbers (distinct, < 2^32); their cells are
- *                                     hashed here exactly as sketch.cell_ids does, table by table
- *     cells   const int32[3 * table_cells][block]   the aggregated sketch (not modified)
+ * Interface (called from peeling.py, sketch.py, items.py, bits.py and index.py, which check the dtypes,
+ * shapes and contiguity of the tensors whose addresses they pass):
+ *   geometry = (arity, starts, seg, block, start_seed, (seed_0, ..)): sketch.SketchSpec's layout
+ *   peel(k, geometry, items, cells, values, peeled, threads)
+ *     items   const int64[k]          the candidates' item numbers (distinct, < 2^32)
+ *     cells   const int32[cells][block]   the aggregated sketch (not modified)
  *     values  int32[k][block]         out: recovered sums, zero where not peeled (must arrive zeroed)
  *     peeled  uint8[k]                out: 1 where recovered (must arrive zeroed)
+ *   encode_sketch(k, geometry, items, values, out)   out: int32 cells, zeroed, values int32[k][block]
+ *   scan_nonzero(x, n, is_float, pos, vals, cap, threads) -> count; pos int64[cap], vals uint32[cap] are
+ *     complete only when count <= cap
+ *   set_positions(positions, k, words, n_words)   words: uint32, zeroed; positions in [0, 32 n_words)
  *   popcount(words, n) -> number of set bits of uint32 words[n]
  *   set_bits(words, n, out, count)    out: int64[count], the sorted positions of the set bits
  *   bloom_hits(n_items, words, n_words, seed, masks, n_masks, hits)
@@ -43,165 +35,135 @@
 #include <Python.h>
 
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
-#define TABLES 3
-#define GROUP 16 /* items or queue entries whose cache misses are overlapped by prefetching */
+#include "kernels.h"
 
-/* A cell record: count, XOR of candidate positions, XOR of their item numbers, then `block` value
- * lanes. For block 1 a record is 16 bytes: every touch of a cell is one cache line. */
-#define REC_COUNT 0
-#define REC_WHO 1
-#define REC_ITEM 2
-#define REC_LANES 3
-
-/* hashing.py's hash_items and reduce_range, in uint32/uint64 arithmetic (bit-identical). */
-static inline uint32_t mix32(uint32_t h)
+/* Geometry from Python: (arity, starts, seg, block, start_seed, (seed_0, .. seed_{arity-1})), checked. */
+static int parse_geometry(PyObject *tuple, struct geometry *g)
 {
-    h ^= h >> 16;
-    h *= 0x7FEB352Du;
-    h ^= h >> 15;
-    h *= 0x2C1B3C6Du;
-    h ^= h >> 16;
-    return h;
-}
-
-struct geometry {
-    int64_t table_cells;
-    int64_t stride;
-    uint32_t seeds[TABLES];
-};
-
-static inline int64_t cell_of(const struct geometry *g, int t, uint32_t item)
-{
-    uint64_t h = mix32(item ^ g->seeds[t]);
-    return t * g->table_cells + (int64_t)((h * (uint64_t)g->table_cells) >> 32);
-}
-
-static int64_t peel_sketch(int64_t k, const struct geometry *g, int64_t block, const int64_t *items,
-                           const int32_t *cells, int32_t *values, uint8_t *peeled)
-{
-    const int64_t m = TABLES * g->table_cells, stride = g->stride;
-    uint32_t *rec = malloc((size_t)m * (size_t)stride * sizeof(uint32_t));
-    uint32_t *queue = malloc((size_t)(m > 0 ? m : 1) * sizeof(uint32_t));
-    if (rec == NULL || queue == NULL) {
-        free(rec);
-        free(queue);
-        return -1;
+    long long starts, seg, block;
+    unsigned long start_seed;
+    PyObject *seeds;
+    if (!PyArg_ParseTuple(tuple, "iLLLkO!", &g->arity, &starts, &seg, &block, &start_seed, &PyTuple_Type,
+                          &seeds)) {
+        return 0;
     }
-    for (int64_t c = 0; c < m; c++) {
-        uint32_t *r = rec + c * stride;
-        r[REC_COUNT] = 0;
-        r[REC_WHO] = 0;
-        r[REC_ITEM] = 0;
-        memcpy(r + REC_LANES, cells + c * block, (size_t)block * sizeof(uint32_t));
+    if (g->arity < 1 || g->arity > MAX_ARITY || PyTuple_GET_SIZE(seeds) != g->arity || starts < 1 || seg < 1 ||
+        block < 1 || (starts + g->arity - 1) * seg >= (1LL << 31)) {
+        PyErr_Format(PyExc_ValueError, "bad sketch geometry: arity %d, %lld starts, %lld cells per segment,"
+                     " block %lld", g->arity, starts, seg, block);
+        return 0;
     }
-    for (int64_t i0 = 0; i0 < k; i0 += GROUP) {
-        const int64_t n = k - i0 < GROUP ? k - i0 : GROUP;
-        int64_t at[GROUP][TABLES];
-        for (int64_t j = 0; j < n; j++) {
-            for (int t = 0; t < TABLES; t++) {
-                at[j][t] = cell_of(g, t, (uint32_t)items[i0 + j]);
-                __builtin_prefetch(rec + at[j][t] * stride, 1);
-            }
+    for (int t = 0; t < g->arity; t++) {
+        const unsigned long seed = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(seeds, t));
+        if (PyErr_Occurred()) {
+            return 0;
         }
-        for (int64_t j = 0; j < n; j++) {
-            for (int t = 0; t < TABLES; t++) {
-                uint32_t *r = rec + at[j][t] * stride;
-                r[REC_COUNT] += 1;
-                r[REC_WHO] ^= (uint32_t)(i0 + j);
-                r[REC_ITEM] ^= (uint32_t)items[i0 + j];
-            }
-        }
+        g->seeds[t] = (uint32_t)seed;
     }
-    int64_t tail = 0;
-    for (int64_t c = 0; c < m; c++) {
-        if (rec[c * stride + REC_COUNT] == 1) {
-            queue[tail++] = (uint32_t)c;
-        }
-    }
-    int64_t head = 0, rounds = 0;
-    int64_t where[GROUP][TABLES];
-    while (head < tail) {
-        const int64_t level_end = tail;
-        int peeled_any = 0;
-        while (head < level_end) {
-            const int64_t n = level_end - head < GROUP ? level_end - head : GROUP;
-            /* Three passes over a group: fetch the pure cells, hash their candidates and fetch the cells
-             * those touch, then update. Only the last pass decides anything, from fresh counts. */
-            for (int64_t j = 0; j < n; j++) {
-                __builtin_prefetch(rec + (int64_t)queue[head + j] * stride);
-            }
-            for (int64_t j = 0; j < n; j++) {
-                const uint32_t *pure = rec + (int64_t)queue[head + j] * stride;
-                if (pure[REC_COUNT] != 1) {
-                    continue;
-                }
-                for (int t = 0; t < TABLES; t++) {
-                    where[j][t] = cell_of(g, t, pure[REC_ITEM]);
-                    __builtin_prefetch(rec + where[j][t] * stride, 1);
-                }
-                __builtin_prefetch(values + (int64_t)pure[REC_WHO] * block, 1);
-            }
-            for (int64_t j = 0; j < n; j++) {
-                const uint32_t *pure = rec + (int64_t)queue[head + j] * stride;
-                if (pure[REC_COUNT] != 1) {
-                    continue; /* its candidate was peeled through another cell since */
-                }
-                const int64_t who = pure[REC_WHO];
-                const uint32_t item = pure[REC_ITEM];
-                int32_t *out = values + who * block;
-                memcpy(out, pure + REC_LANES, (size_t)block * sizeof(uint32_t));
-                peeled[who] = 1;
-                peeled_any = 1;
-                for (int t = 0; t < TABLES; t++) {
-                    uint32_t *r = rec + where[j][t] * stride;
-                    r[REC_COUNT] -= 1;
-                    r[REC_WHO] ^= (uint32_t)who;
-                    r[REC_ITEM] ^= item;
-                    for (int64_t l = 0; l < block; l++) {
-                        r[REC_LANES + l] -= (uint32_t)out[l];
-                    }
-                    if (r[REC_COUNT] == 1) {
-                        queue[tail++] = (uint32_t)where[j][t];
-                    }
-                }
-            }
-            head += n;
-        }
-        rounds += peeled_any;
-    }
-    free(rec);
-    free(queue);
-    return rounds;
+    g->starts = starts;
+    g->seg = seg;
+    g->block = block;
+    g->start_seed = (uint32_t)start_seed;
+    return 1;
 }
 
 static PyObject *py_peel(PyObject *self, PyObject *args)
 {
     (void)self;
-    long long k, table_cells, block;
-    unsigned long s0, s1, s2;
+    long long k;
+    int threads;
+    PyObject *geometry;
     unsigned long long items, cells, values, peeled;
-    if (!PyArg_ParseTuple(args, "LL(kkk)LKKKK", &k, &table_cells, &s0, &s1, &s2, &block, &items, &cells,
-                          &values, &peeled)) {
+    struct geometry g;
+    if (!PyArg_ParseTuple(args, "LOKKKKi", &k, &geometry, &items, &cells, &values, &peeled, &threads) ||
+        !parse_geometry(geometry, &g)) {
         return NULL;
     }
-    if (k < 0 || table_cells < 1 || table_cells >= (1LL << 31) / TABLES || block < 1 || k >= (1LL << 32)) {
-        PyErr_Format(PyExc_ValueError, "peel: bad sizes k=%lld table_cells=%lld block=%lld", k, table_cells,
-                     block);
+    if (k < 0 || k >= (1LL << 31)) {
+        PyErr_Format(PyExc_ValueError, "peel: bad candidate count %lld", k);
         return NULL;
     }
-    const struct geometry g = {table_cells, REC_LANES + block, {(uint32_t)s0, (uint32_t)s1, (uint32_t)s2}};
-    int64_t rounds;
+    int64_t status;
     Py_BEGIN_ALLOW_THREADS
-    rounds = peel_sketch(k, &g, block, (const int64_t *)(uintptr_t)items, (const int32_t *)(uintptr_t)cells,
-                         (int32_t *)(uintptr_t)values, (uint8_t *)(uintptr_t)peeled);
+    status = peel_sketch(k, &g, (const int64_t *)(uintptr_t)items, (const int32_t *)(uintptr_t)cells,
+                         (int32_t *)(uintptr_t)values, (uint8_t *)(uintptr_t)peeled, threads);
     Py_END_ALLOW_THREADS
-    if (rounds < 0) {
+    if (status < 0) {
         return PyErr_NoMemory();
     }
-    return PyLong_FromLongLong(rounds);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_encode_sketch(PyObject *self, PyObject *args)
+{
+    (void)self;
+    long long k;
+    PyObject *geometry;
+    unsigned long long items, values, out;
+    struct geometry g;
+    if (!PyArg_ParseTuple(args, "LOKKK", &k, &geometry, &items, &values, &out) || !parse_geometry(geometry, &g)) {
+        return NULL;
+    }
+    if (k < 0 || k >= (1LL << 31)) {
+        PyErr_Format(PyExc_ValueError, "encode_sketch: bad item count %lld", k);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    encode_sketch(k, &g, (const int64_t *)(uintptr_t)items, (const int32_t *)(uintptr_t)values,
+                  (int32_t *)(uintptr_t)out);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_scan_nonzero(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long x, pos, vals;
+    long long n, cap;
+    int is_float, threads;
+    if (!PyArg_ParseTuple(args, "KLpKKLi", &x, &n, &is_float, &pos, &vals, &cap, &threads)) {
+        return NULL;
+    }
+    if (n < 0 || cap < 0) {
+        PyErr_SetString(PyExc_ValueError, "scan_nonzero: negative size");
+        return NULL;
+    }
+    int64_t count;
+    Py_BEGIN_ALLOW_THREADS
+    count = scan_nonzero((const uint32_t *)(uintptr_t)x, n, is_float, (int64_t *)(uintptr_t)pos,
+                         (uint32_t *)(uintptr_t)vals, cap, threads);
+    Py_END_ALLOW_THREADS
+    if (count < 0) {
+        return PyErr_NoMemory();
+    }
+    return PyLong_FromLongLong(count);
+}
+
+static void set_positions(const int64_t *positions, int64_t k, uint32_t *words)
+{
+    for (int64_t i = 0; i < k; i++) {
+        words[positions[i] >> 5] |= 1u << (positions[i] & 31);
+    }
+}
+
+static PyObject *py_set_positions(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long positions, words;
+    long long k, n_words;
+    if (!PyArg_ParseTuple(args, "KLKL", &positions, &k, &words, &n_words)) {
+        return NULL;
+    }
+    /* positions are checked by the caller to lie in [0, 32 * n_words) */
+    if (k < 0 || n_words < 0) {
+        PyErr_SetString(PyExc_ValueError, "set_positions: negative size");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    set_positions((const int64_t *)(uintptr_t)positions, k, (uint32_t *)(uintptr_t)words);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
 }
 
 static int64_t popcount_words(const uint32_t *words, int64_t n)
@@ -304,7 +266,10 @@ static PyObject *py_bloom_hits(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-    {"peel", py_peel, METH_VARARGS, "Peel an aggregated sketch (see the comment at the top of _native.c)."},
+    {"peel", py_peel, METH_VARARGS, "Peel an aggregated sketch (peel_kernels.c)."},
+    {"encode_sketch", py_encode_sketch, METH_VARARGS, "Add items' values into their sketch cells."},
+    {"scan_nonzero", py_scan_nonzero, METH_VARARGS, "Positions and bits of a bucket's nonzero elements."},
+    {"set_positions", py_set_positions, METH_VARARGS, "Set the bits at given positions of uint32 words."},
     {"popcount", py_popcount, METH_VARARGS, "Number of set bits of uint32 words."},
     {"set_bits", py_set_bits, METH_VARARGS, "Sorted positions of the set bits of uint32 words."},
     {"bloom_hits", py_bloom_hits, METH_VARARGS, "Bit array of the items a Bloom filter may hold."},

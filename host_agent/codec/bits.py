@@ -59,7 +59,27 @@ def pack_bits(flags: torch.Tensor) -> torch.Tensor:
 
 
 def words_from_positions(positions: torch.Tensor, n_words: int) -> torch.Tensor:
-    """int32 words with the bits at ``positions`` set; positions must be distinct (then sum == OR)."""
+    """int32 words with the bits at ``positions`` (int64, distinct, in [0, 32 n_words)) set."""
+    if positions.device.type == "cpu" and native is not None:
+        return words_from_positions_native(positions, n_words)
+    return words_from_positions_torch(positions, n_words)
+
+
+def words_from_positions_native(positions: torch.Tensor, n_words: int) -> torch.Tensor:
+    """:func:`words_from_positions` by the compiled kernel: one pass over the positions."""
+    kernels = require_native()
+    if positions.dtype != torch.int64 or positions.dim() != 1:
+        raise ValueError(f"positions must be 1-D int64, not {positions.dtype} {tuple(positions.shape)}")
+    if positions.numel() and not (int(positions.min()) >= 0 and int(positions.max()) < 32 * n_words):
+        raise ValueError(f"positions outside [0, {32 * n_words})")
+    positions = positions.contiguous()
+    words = torch.zeros(n_words, dtype=torch.int32)
+    kernels.set_positions(positions.data_ptr(), positions.numel(), words.data_ptr(), n_words)
+    return words
+
+
+def words_from_positions_torch(positions: torch.Tensor, n_words: int) -> torch.Tensor:
+    """:func:`words_from_positions` in torch, on any device (distinct positions: then sum == OR)."""
     acc = torch.zeros(n_words, dtype=torch.int64, device=positions.device)
     acc.index_add_(0, torch.bitwise_right_shift(positions, 5), torch.bitwise_left_shift(1, positions & 31))
     # Bits 0..31 of distinct positions: the sum is < 2^32; wrap into int32 two's complement.

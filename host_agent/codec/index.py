@@ -166,7 +166,10 @@ def query_index(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
     """Sorted candidate item numbers (int64) of an aggregated index: every item that may be held."""
     if spec.kind == "bitmap":
         positions = set_bits(words)
-        return positions[positions < spec.n_items] if positions.numel() else positions
+        # sorted: only a tail beyond the last item (the last word's padding, set by no worker) can be wrong
+        if positions.numel() and int(positions[-1]) >= spec.n_items:
+            return positions[positions < spec.n_items]
+        return positions
     if words.device.type == "cpu" and native is not None:
         return query_bloom_native(spec, words)
     return query_bloom_chunks(spec, words)

@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 
 from .bits import nonzero_positions
+from .native import kernel_threads, native
+
+_SCAN_DTYPES = (torch.float32, torch.int32)
 
 
 def item_count(n: int, block: int) -> int:
@@ -21,6 +24,32 @@ def nonzero_items(x: torch.Tensor, block: int) -> torch.Tensor:
     if block == 1:
         return elements
     return torch.unique_consecutive(torch.div(elements, block, rounding_mode="floor"))
+
+
+def nonzero_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`nonzero_items`, their (K, block) rows); for a 32-bit bucket on a CPU, both from one pass."""
+    if x.device.type == "cpu" and native is not None and block == 1 and x.dtype in _SCAN_DTYPES:
+        return scan_nonzero_native(x)
+    items = nonzero_items(x, block)
+    return items, gather_items(x, items, block)
+
+
+def scan_nonzero_native(x: torch.Tensor, threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted positions (int64) and (K, 1) values of the nonzero elements of a 32-bit CPU tensor, by the
+    C scan: one streaming read, no temporary of the bucket's size. Room for 1/32 of the elements is
+    guessed; a denser bucket is scanned again with room for all."""
+    x = x.contiguous()
+    n = x.numel()
+    threads = kernel_threads() if threads is None else threads
+    room = n // 32 + 64
+    while True:
+        pos = torch.empty(room, dtype=torch.int64)
+        vals = torch.empty(room, dtype=x.dtype)
+        count = native.scan_nonzero(x.data_ptr(), n, x.dtype == torch.float32, pos.data_ptr(),
+                                    vals.data_ptr(), room, threads)
+        if count <= room:
+            return pos[:count], vals[:count].unsqueeze(1)
+        room = count
 
 
 def check_support_indices(support: torch.Tensor, n: int) -> None:

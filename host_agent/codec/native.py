@@ -2,10 +2,15 @@
 
 Callers use them for CPU tensors when present and fall back to their torch code otherwise; both give the
 same results (tested), the kernels only faster.
+
+The peeling and the nonzero scan split a large bucket between two threads (their results never depend on
+it). ``LHC_CODEC_THREADS`` sets how many they may use (1 turns threading off); by default as many as this
+process may run on, at most two.
 """
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 native: ModuleType | None
@@ -28,3 +33,18 @@ def require_native() -> ModuleType:
             " and the Python headers are present"
         )
     return native
+
+
+MAX_KERNEL_THREADS = 2  # the kernels split work in two halves
+
+
+def kernel_threads() -> int:
+    """Threads the kernels may use: ``LHC_CODEC_THREADS`` if set, else the CPUs this process may use."""
+    text = os.environ.get("LHC_CODEC_THREADS")
+    if text is not None:
+        try:
+            return max(1, min(MAX_KERNEL_THREADS, int(text)))
+        except ValueError:
+            raise ValueError(f"LHC_CODEC_THREADS must be an integer, not {text!r}") from None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_KERNEL_THREADS, cpus))

@@ -12,15 +12,18 @@ magnitude) and wrapped to int32 at the end. A candidate alone in two or three ce
 once: any of its pure cells holds the same value, so the result does not depend on which one is used,
 on the order of atomics, or on the device.
 
-Two implementations, same results (candidates, values and round count; tested against each other):
+Peeling ends in the same state (the 2-core of the hypergraph) in any order, and a peeled candidate's
+value does not depend on which of its pure cells gave it; so two implementations give the same candidates
+and values (tested against each other):
 
-* the parallel rounds here, in torch, for CUDA and as the portable fallback. On CPU, ``gather``,
-  ``scatter_add_`` and ``index_select`` on 1-D tensors are several times faster than advanced indexing
-  (``t[idx]``) and a sort, so the loop uses only those;
-* ``_native.c``, a compiled sequential kernel for CPU tensors, built when the package is installed with a C
-  compiler present: one work queue, each cell's count, candidate XOR and values in one record, the cells
-  hashed in place and their cache misses overlapped by prefetching. On a CPU, where every round of the
-  torch version is a dozen passes of random accesses, it is about twice as fast (docs/codec.md).
+* the parallel rounds here, in torch, for CUDA and as the portable fallback (the reference). On CPU,
+  ``gather``, ``scatter_add_`` and ``index_select`` on 1-D tensors are several times faster than advanced
+  indexing (``t[idx]``) and a sort, so the loop uses only those. In the fused layout the rounds follow
+  the wave along the chain of segments: hundreds of small rounds;
+* ``peel_kernels.c``, a compiled kernel for CPU tensors, built when the package is installed with a C
+  compiler present: a work queue over records that keep a cell's count, candidate XOR and values
+  together, candidates inserted in order of their start segment so that the work stays within a window
+  of segments (in cache), the chain's two halves on two threads. It has no rounds (``rounds`` is None).
 """
 
 from __future__ import annotations
@@ -30,16 +33,15 @@ from dataclasses import dataclass
 import torch
 
 from .arith import wrap_int32
-from .hashing import derive_seed
-from .native import native, require_native
-from .sketch import TABLES, SketchSpec, cell_ids
+from .native import kernel_threads, native, require_native
+from .sketch import SketchSpec, cell_ids
 
 
 @dataclass
 class PeelResult:
     values: torch.Tensor  # (K, block) int32: recovered sums, zero where not peeled
     peeled: torch.Tensor  # (K,) bool
-    rounds: int
+    rounds: int | None  # parallel rounds of the torch code; None from the compiled kernel
 
     @property
     def residue(self) -> torch.Tensor:
@@ -59,8 +61,10 @@ def peel(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> PeelResu
     return peel_parallel(cell_ids(spec, items), cells)
 
 
-def peel_native(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> PeelResult:
-    """:func:`peel` by the compiled kernel (CPU tensors only); it hashes the items itself."""
+def peel_native(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor, threads: int | None = None
+                ) -> PeelResult:
+    """:func:`peel` by the compiled kernel (CPU tensors only); it hashes the items itself. ``threads``:
+    at most this many (default :func:`kernel_threads`); the results do not depend on it."""
     kernels = require_native()
     k = items.numel()
     if items.dtype != torch.int64 or cells.dtype != torch.int32 or cells.shape != (spec.cells, spec.block):
@@ -76,12 +80,11 @@ def peel_native(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> P
     cells = cells.contiguous()
     values = torch.zeros((k, spec.block), dtype=torch.int32)
     peeled = torch.zeros(k, dtype=torch.bool)
-    seeds = tuple(derive_seed(spec.seed, t) for t in range(TABLES))
-    rounds = kernels.peel(
-        k, spec.table_cells, seeds, spec.block,
-        items.data_ptr(), cells.data_ptr(), values.data_ptr(), peeled.data_ptr(),
+    kernels.peel(
+        k, spec.geometry(), items.data_ptr(), cells.data_ptr(), values.data_ptr(), peeled.data_ptr(),
+        kernel_threads() if threads is None else threads,
     )
-    return PeelResult(values, peeled, rounds)
+    return PeelResult(values, peeled, None)
 
 
 def peel_parallel(ids: torch.Tensor, cells: torch.Tensor) -> PeelResult:
@@ -91,19 +94,25 @@ def peel_parallel(ids: torch.Tensor, cells: torch.Tensor) -> PeelResult:
     m, block = cells.shape
     if k >= 1 << 31:
         raise ValueError("too many candidates for one sketch")
-    table_cells = m // TABLES
+    arity = ids.shape[0]
     ids = ids.contiguous()
     # count and position sum in one int64 per cell: one scatter and one gather per access, not two.
     state = torch.zeros(m, dtype=torch.int64, device=device)
     one = torch.arange(k, device=device).add_(1 << _SHIFT)
-    for t in range(TABLES):
+    for t in range(arity):
         state.scatter_add_(0, ids[t], one)
     acc = cells.to(torch.int64)
     values = torch.zeros((k, block), dtype=torch.int64, device=device)
     stamp = torch.full((k,), -1, dtype=torch.int64, device=device)
     frontier = torch.nonzero(torch.bitwise_right_shift(state, _SHIFT) == 1).squeeze(1)
     rounds = 0
-    while frontier.numel():
+    while True:
+        # A cell queued as pure may have lost its last candidate since (in the fused layout one cell is
+        # cell t of some items and cell t' of others, updated at different steps t of a round).
+        still = torch.bitwise_right_shift(state.gather(0, frontier), _SHIFT) == 1
+        frontier = torch.masked_select(frontier, still)
+        if not frontier.numel():
+            break
         rounds += 1
         who = state.gather(0, frontier).bitwise_and_(_POS_MASK)
         # Keep one pure cell per candidate: every entry stamps its candidate, the last stamp wins.
@@ -120,13 +129,12 @@ def peel_parallel(ids: torch.Tensor, cells: torch.Tensor) -> PeelResult:
             v = acc.index_select(0, pure)
             values.index_copy_(0, who, v)
         v.neg_()
-        # Update the candidate's two other cells only: its pure cell is never touched or read again.
-        pure_table = torch.div(pure, table_cells, rounding_mode="floor")
+        # Update the candidate's other cells only: its pure cell is never touched or read again.
         nxt = []
-        for t in range(TABLES):
-            other = pure_table != t
-            w = torch.masked_select(who, other)
-            c = ids[t].gather(0, w)
+        for t in range(arity):
+            c = ids[t].gather(0, who)
+            other = c != pure
+            c = torch.masked_select(c, other)
             state.scatter_add_(0, c, torch.masked_select(gone, other))
             if block == 1:
                 acc.view(-1).scatter_add_(0, c, torch.masked_select(v.view(-1), other))

@@ -28,7 +28,7 @@ from lhc_ina.constants import LANE_BYTES, LANES, Op
 from .agreement import agreement_words, check_agreement
 from .hashing import derive_seed
 from .index import IndexSpec, choose_index, encode_index, expected_false_positives, query_index
-from .items import gather_items, item_count, nonzero_items, scatter_items, support_items
+from .items import gather_items, item_count, nonzero_rows, scatter_items, support_items
 from .options import Options
 from .peeling import peel
 from .quantize import (
@@ -46,7 +46,7 @@ from .quantize import (
     scale_for,
     scale_holds,
 )
-from .sketch import PEEL_THRESHOLD, SketchSpec, encode_sketch, sketch_cells
+from .sketch import SketchSpec, cells_per_candidate, encode_sketch, sketch_cells
 from .state import BucketShape, CodecState
 
 Results = dict[str, torch.Tensor]  # a completed round's reduced words, by message kind
@@ -188,9 +188,9 @@ class Rounds:
         with self.clock("encode"):
             if self.support is not None:
                 self.items = support_items(self.support.to(self.x.device), self.block)
+                self.rows = gather_items(self.x, self.items, self.block)
             else:
-                self.items = nonzero_items(self.x, self.block)
-            self.rows = gather_items(self.x, self.items, self.block)
+                self.items, self.rows = nonzero_rows(self.x, self.block)
             complete = True
             if self.support is not None and self.opts.check_support:
                 complete = int(torch.count_nonzero(self.x)) == int(torch.count_nonzero(self.rows))
@@ -226,7 +226,7 @@ class Rounds:
         opts, block = self.opts, self.block
         iteration = self.state.iteration
         sketch = opts.mode == "sketch"
-        value_bytes = LANE_BYTES * block * (PEEL_THRESHOLD * (1 + opts.margin) if sketch else 1)
+        value_bytes = LANE_BYTES * block * (cells_per_candidate(expected, opts.margin) if sketch else 1)
         index_seed = derive_seed(opts.seed, iteration, 1)
         spec = choose_index(self.n_items, expected, value_bytes, index_seed, opts.index)
         candidates = expected + expected_false_positives(spec, expected)

@@ -1,13 +1,22 @@
-"""The partitioned Count Sketch: r = 3 sub-tables of ``block``-wide int32 cells, merged by ADD.
+"""The Count Sketch: ``block``-wide int32 cells merged by ADD, peeled over known candidates.
 
-Each candidate item lands in one cell of each sub-table (so its three cells are always distinct) and adds
-its ``block`` values to all three. Signs are omitted (all +1): the decoder never estimates, it peels, and
-peeling needs only sums over known candidates; a sign would cost a hash and change nothing.
+Each candidate item adds its ``block`` values to ``arity`` distinct cells. Signs are omitted (all +1):
+the decoder never estimates, it peels, and peeling needs only sums over known candidates.
 
-Capacity: peeling a random 3-partite hypergraph succeeds with high probability when there are more than
-``PEEL_THRESHOLD`` ~= 1.2218 cells per candidate (the 2-core threshold 1/0.8185). The sketch gets
-``PEEL_THRESHOLD * (1 + margin)`` cells per expected candidate, plus a slack of a few sqrt(K) cells
-that matters only for small K, rounded up to fill whole packets.
+Two layouts, both derived from the agreed number of cells alone, so every worker derives the same one:
+
+* **plain** (fewer than ``FUSE_MIN_CELLS`` cells): 3 sub-tables, one cell in each. Peeling a random
+  3-partite hypergraph succeeds w.h.p. above ``PEEL_THRESHOLD`` ~= 1.2218 cells per candidate (the 2-core
+  threshold 1/0.8185).
+* **fused** (spatially coupled, the layout of binary fuse filters): ``starts + 3`` segments of equal
+  length; an item hashes to a start segment s < ``starts`` and to one cell in each of the segments s..s+3.
+  The end segments are lightly loaded, peel first, and peeling then runs as a wave along the chain, down
+  to ~1.065 cells per candidate for a million candidates instead of 1.22 (measured: docs/codec.md). The
+  segments are also the partitions that keep decoding in cache: an item's cells lie within 4 consecutive
+  segments, so items taken in order of their start touch a window of a few segments at a time.
+
+Capacity: ``threshold(K) * (1 + margin)`` cells per expected candidate (plus slack), rounded up to fill
+whole packets; ``threshold`` is the measured peeling threshold of the layout at that size.
 """
 
 from __future__ import annotations
@@ -19,59 +28,136 @@ import torch
 
 from .arith import wrap_int32
 from .hashing import derive_seed, hash_items, reduce_range
+from .native import native
 
 TABLES = 3
 PEEL_THRESHOLD = 1.2218
 DEFAULT_MARGIN = 0.03
+FUSE_ARITY = 4
+#: Below this many cells the plain layout peels with fewer cells (a short chain has too few segments).
+FUSE_MIN_CELLS = 1 << 16
+#: Fused threshold ~= 1.006 + 2.1 / K^(1/4) cells per candidate, at least 1.065 (fitted to measured
+#: peeling, docs/codec.md). Only IEEE-exact operations (sqrt, *, +): every worker gets the same cells.
+_FUSE_FLOOR, _FUSE_BASE, _FUSE_SCALE = 1.065, 1.006, 2.1
+_FUSE_SLACK = 64
+_START_TAG = 15  # derive_seed purpose of the start-segment hash (tables use 0..arity-1)
+
+
+def fuse_starts(cells: int) -> int:
+    """Start segments of a fused sketch of ``cells`` cells: ~sqrt(cells) / 6, so a segment holds ~6
+    sqrt(cells) cells (fewer segments peel worse near the chain's ends, more take torch more rounds)."""
+    return max(1, math.isqrt(cells) // 6)
 
 
 @dataclass(frozen=True)
 class SketchSpec:
-    """The agreed shape of one round's sketch (identical on every worker)."""
+    """The agreed shape of one round's sketch (identical on every worker); the layout follows from it."""
 
-    cells: int  # a multiple of TABLES
+    cells: int
     block: int
     seed: int
 
     @property
-    def table_cells(self) -> int:
-        return self.cells // TABLES
+    def fused(self) -> bool:
+        return self.cells >= FUSE_MIN_CELLS
+
+    @property
+    def arity(self) -> int:
+        return FUSE_ARITY if self.fused else TABLES
+
+    @property
+    def starts(self) -> int:
+        return fuse_starts(self.cells) if self.fused else 1
+
+    @property
+    def segment_cells(self) -> int:
+        """Cells per segment; the last ``cells % segments`` cells are never used (always zero)."""
+        return self.cells // (self.starts + self.arity - 1)
 
     @property
     def words(self) -> int:
         return self.cells * self.block
 
+    def seeds(self) -> tuple[int, tuple[int, ...]]:
+        """(start-segment seed, per-cell seeds): hashes fresh per bucket and round (the spec's seed)."""
+        return derive_seed(self.seed, _START_TAG), tuple(derive_seed(self.seed, t) for t in range(self.arity))
+
+    def geometry(self) -> tuple:
+        """The layout as the C kernels take it."""
+        start_seed, seeds = self.seeds()
+        return (self.arity, self.starts, self.segment_cells, self.block, start_seed, seeds)
+
+
+def fuse_threshold(candidates: float) -> float:
+    """Cells per candidate the fused layout needs to peel at this size (measured, then fitted)."""
+    return max(_FUSE_FLOOR, _FUSE_BASE + _FUSE_SCALE / math.sqrt(math.sqrt(max(1.0, candidates))))
+
 
 def sketch_cells(expected_candidates: float, margin: float, block: int, lanes: int) -> int:
-    """Cells for ``expected_candidates``: threshold * (1 + margin) per candidate + slack, packet-filled."""
+    """Cells for ``expected_candidates``: the layout's threshold * (1 + margin) per candidate + slack,
+    packet-filled. The fused rule applies where it gives a fused sketch, the plain one below."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, not {margin}")
     k = max(0.0, expected_candidates)
-    want = PEEL_THRESHOLD * (1.0 + margin) * k + 3.0 * math.sqrt(k) + 3 * TABLES
+    want = fuse_threshold(k) * (1.0 + margin) * k + _FUSE_SLACK
+    if want < FUSE_MIN_CELLS:
+        want = PEEL_THRESHOLD * (1.0 + margin) * k + 3.0 * math.sqrt(k) + 3 * TABLES
     cells = TABLES * math.ceil(want / TABLES)
     # Whole packets cost the same whether full or not: use the room.
     words = math.ceil(cells * block / lanes) * lanes
     return max(cells, TABLES * (words // block // TABLES))
 
 
+def cells_per_candidate(expected_candidates: float, margin: float) -> float:
+    """Sketch cells per extra candidate at this size (the layout's rate, slack aside), for the index's
+    cost model."""
+    k = max(0.0, expected_candidates)
+    fused = fuse_threshold(k) * (1.0 + margin)
+    return fused if fused * k + _FUSE_SLACK >= FUSE_MIN_CELLS else PEEL_THRESHOLD * (1.0 + margin)
+
+
 def cell_ids(spec: SketchSpec, items: torch.Tensor) -> torch.Tensor:
-    """(3, K) int64 cell numbers of each item: table t's cell lies in [t * table_cells, (t+1) * ...)."""
-    out = torch.empty((TABLES, items.numel()), dtype=torch.int64, device=items.device)
-    for t in range(TABLES):
-        h = hash_items(items, derive_seed(spec.seed, t))
-        out[t] = reduce_range(h, spec.table_cells).add_(t * spec.table_cells)
+    """(arity, K) int64 cell numbers of each item: cell t lies in segment start + t."""
+    seg = spec.segment_cells
+    start_seed, seeds = spec.seeds()
+    out = torch.empty((spec.arity, items.numel()), dtype=torch.int64, device=items.device)
+    base = torch.zeros_like(items, dtype=torch.int64)
+    if spec.starts > 1:
+        base = reduce_range(hash_items(items, start_seed), spec.starts).mul_(seg)
+    for t in range(spec.arity):
+        out[t] = reduce_range(hash_items(items, seeds[t]), seg).add_(base).add_(t * seg)
     return out
 
 
 def encode_sketch(spec: SketchSpec, items: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """This worker's sketch words: each item's ``block`` int32 values added to its 3 cells, mod 2^32.
+    """This worker's sketch words: each item's ``block`` int32 values added to its cells, mod 2^32.
 
-    ``values`` is (K, block) int32. Accumulated in int64 (no overflow), wrapped to int32 at the end.
+    ``values`` is (K, block) int32; ``items`` distinct. On a CPU the C kernel adds them in order of start
+    segment (in cache); otherwise torch accumulates in int64 and wraps to int32 at the end (same words).
     """
+    if items.device.type == "cpu" and native is not None:
+        return encode_sketch_native(spec, items, values)
+    return encode_sketch_torch(spec, items, values)
+
+
+def encode_sketch_torch(spec: SketchSpec, items: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """:func:`encode_sketch` in torch, on any device (the reference)."""
     cells = torch.zeros((spec.cells, spec.block), dtype=torch.int64, device=items.device)
     if items.numel():
         ids = cell_ids(spec, items)
         v = values.to(torch.int64)
-        for t in range(TABLES):
+        for t in range(spec.arity):
             cells.index_add_(0, ids[t], v)
     return wrap_int32(cells.view(-1))
+
+
+def encode_sketch_native(spec: SketchSpec, items: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """:func:`encode_sketch` by the compiled kernel (CPU tensors)."""
+    k = items.numel()
+    if items.dtype != torch.int64 or values.dtype != torch.int32 or values.shape != (k, spec.block):
+        raise ValueError(f"encode_sketch wants int64 items and ({k}, {spec.block}) int32 values, not"
+                         f" {items.dtype} items and {values.dtype} {tuple(values.shape)} values")
+    items, values = items.contiguous(), values.contiguous()
+    out = torch.zeros(spec.words, dtype=torch.int32)
+    native.encode_sketch(k, spec.geometry(), items.data_ptr(), values.data_ptr(), out.data_ptr())
+    return out

@@ -12,7 +12,7 @@
  *   .set_switch(host, port)          where results must come from, and where packets go
  *   .add(ident, first, raw, result)  a segment: raw = its packets' bytes, result = writable uint32 buffer
  *   .restart(epoch)                  everything starts over at position 0 (the window and RTT stay)
- *   .step(now, [(bytes, (host, port))]) -> ([bytes to send], [(ident, started)])   (no I/O: for tests)
+ *   .step(now, [(bytes, (host, port))], recover=True) -> ([bytes to send], [(ident, started)])  (no I/O)
  *   .pump(wake_fd, max_wait) -> [(ident, started)]   one turn of the I/O loop (see pump() below)
  *   .next_wakeup(), .stats(), .rtt(), .window(), .stalled(), .io_counters(), .next_free, .low
  * configure(constants): the constants shared with the reference (host_agent/transport/engines.py).
@@ -38,6 +38,14 @@
 
 #include "engine_core.h"
 
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103 /* linux/udp.h: the GSO segment size of a sendmsg, as a cmsg */
+#endif
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#define GSO_MAX 64 /* datagrams per GSO message (UDP_MAX_SEGMENTS on older kernels) */
+
 /* ---- the Python type ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -52,9 +60,12 @@ typedef struct {
     struct mmsghdr rx_msgs[RX_BATCH];
     struct iovec rx_iov[RX_BATCH];
     struct sockaddr_in rx_from[RX_BATCH];
-    /* one sendmmsg: every packet a decision queued, twice where the impairment doubles it */
+    /* one sendmmsg: every packet a decision queued, twice where the impairment doubles it; with UDP GSO a
+     * message carries up to GSO_MAX of them (one kernel traversal), else one each */
     struct mmsghdr *tx_msgs;
     struct iovec *tx_iov;
+    char (*tx_ctrl)[CMSG_SPACE(sizeof(uint16_t))];
+    int gso;
 } Engine;
 
 static double uniform(Engine *e)  /* splitmix64 -> [0, 1): the impairment's draws */
@@ -68,12 +79,14 @@ static double uniform(Engine *e)  /* splitmix64 -> [0, 1): the impairment's draw
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"fd", "job_id", "rank", "epoch", "slot_count", "world_size", "timeout_s",
-                            "loss", "duplicate", "seed", NULL};
+                            "loss", "duplicate", "seed", "gso", NULL};
     unsigned job_id, rank, epoch, slot_count, world_size;
     unsigned long long seed;
     double timeout_s;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iIIIIIdddK", names, &e->fd, &job_id, &rank, &epoch,
-                                     &slot_count, &world_size, &timeout_s, &e->loss, &e->duplicate, &seed))
+    e->gso = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iIIIIIdddK|p", names, &e->fd, &job_id, &rank, &epoch,
+                                     &slot_count, &world_size, &timeout_s, &e->loss, &e->duplicate, &seed,
+                                     &e->gso))
         return -1;
     if (!g_configured) {
         PyErr_SetString(PyExc_RuntimeError, "_engine.configure() was not called");
@@ -85,10 +98,11 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwargs)
         return -1;
     }
     e->rng = seed;
-    free(e->tx_msgs), free(e->tx_iov);
+    free(e->tx_msgs), free(e->tx_iov), free(e->tx_ctrl);
     e->tx_msgs = calloc(2 * (slot_count + 1), sizeof(*e->tx_msgs));
     e->tx_iov = calloc(2 * (slot_count + 1), sizeof(*e->tx_iov));
-    if (e->tx_msgs == NULL || e->tx_iov == NULL ||
+    e->tx_ctrl = calloc(2 * (slot_count + 1), sizeof(*e->tx_ctrl));
+    if (e->tx_msgs == NULL || e->tx_iov == NULL || e->tx_ctrl == NULL ||
         core_init(&e->core, job_id, rank, epoch, slot_count, world_size) < 0) {
         PyErr_NoMemory();
         return -1;
@@ -109,7 +123,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwargs)
 static void Engine_dealloc(Engine *e)
 {
     core_free(&e->core);
-    free(e->tx_msgs), free(e->tx_iov);
+    free(e->tx_msgs), free(e->tx_iov), free(e->tx_ctrl);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
@@ -194,7 +208,8 @@ static PyObject *Engine_step(Engine *e, PyObject *args)
 {
     double now;
     PyObject *datagrams;
-    if (!PyArg_ParseTuple(args, "dO!", &now, &PyList_Type, &datagrams))
+    int recover = 1;
+    if (!PyArg_ParseTuple(args, "dO!|p", &now, &PyList_Type, &datagrams, &recover))
         return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(datagrams); i++) {
         const char *host;
@@ -210,7 +225,7 @@ static PyObject *Engine_step(Engine *e, PyObject *args)
         core_result(&e->core, now, view.buf, view.len, &from);
         PyBuffer_Release(&view);
     }
-    core_decide(&e->core, now);
+    core_decide(&e->core, now, recover);
     PyObject *out = PyList_New(0), *completed = PyList_New(0);
     if (out == NULL || completed == NULL || take_completed(&e->core, completed) == NULL)
         goto fail;
@@ -230,11 +245,41 @@ fail:
     return NULL;
 }
 
+static double monotonic_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Messages for the n datagrams of tx_iov: GSO runs of up to GSO_MAX, or one per datagram. */
+static int build_messages(Engine *e, int n)
+{
+    int per = e->gso ? GSO_MAX : 1, m = 0;
+    for (int at = 0; at < n; at += per, m++) {
+        struct msghdr *h = &e->tx_msgs[m].msg_hdr;
+        memset(&e->tx_msgs[m], 0, sizeof(e->tx_msgs[m]));
+        h->msg_iov = &e->tx_iov[at];
+        h->msg_iovlen = (size_t)(n - at < per ? n - at : per);
+        h->msg_name = &e->core.sw;
+        h->msg_namelen = sizeof(e->core.sw);
+        if (h->msg_iovlen > 1) {
+            h->msg_control = e->tx_ctrl[m];
+            h->msg_controllen = sizeof(e->tx_ctrl[m]);
+            struct cmsghdr *cmsg = CMSG_FIRSTHDR(h);
+            cmsg->cmsg_level = SOL_UDP;
+            cmsg->cmsg_type = UDP_SEGMENT;
+            cmsg->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t size = (uint16_t)g.packet_bytes;
+            memcpy(CMSG_DATA(cmsg), &size, sizeof(size));
+        }
+    }
+    return m;
+}
+
 /* Send what the core queued, each datagram lost or doubled on its own where impaired, one sendmmsg. */
 static void send_out(Engine *e)
 {
-    struct mmsghdr *msgs = e->tx_msgs;
-    struct iovec *iov = e->tx_iov;
     int n = 0;
     for (int i = 0; i < e->core.n_out; i++) {
         int copies = 1;
@@ -249,74 +294,44 @@ static void send_out(Engine *e)
             }
         }
         for (int k = 0; k < copies; k++, n++) {
-            iov[n].iov_base = (void *)e->core.out[i];
-            iov[n].iov_len = (size_t)g.packet_bytes;
-            memset(&msgs[n], 0, sizeof(msgs[n]));
-            msgs[n].msg_hdr.msg_iov = &iov[n];
-            msgs[n].msg_hdr.msg_iovlen = 1;
-            msgs[n].msg_hdr.msg_name = &e->core.sw;
-            msgs[n].msg_hdr.msg_namelen = sizeof(e->core.sw);
+            e->tx_iov[n].iov_base = (void *)e->core.out[i];
+            e->tx_iov[n].iov_len = (size_t)g.packet_bytes;
         }
     }
     e->core.n_out = 0;
-    int at = 0;
+    int m = build_messages(e, n), at = 0;
     Py_BEGIN_ALLOW_THREADS
-    while (at < n) {
-        int sent = sendmmsg(e->fd, msgs + at, (unsigned)(n - at), 0);
-        if (sent < 0) {
-            if (errno == EINTR)
-                continue;
-            at++;  /* this datagram is lost (a full buffer, an unreachable port), as a sendto would lose it */
-            e->dropped_out++;
+    while (at < m) {
+        int sent = sendmmsg(e->fd, e->tx_msgs + at, (unsigned)(m - at), 0);
+        if (sent < 0 && errno == EINTR)
+            continue;
+        if (sent < 0 && e->gso && (errno == EINVAL || errno == EIO || errno == ENOPROTOOPT ||
+                                   errno == EOPNOTSUPP)) {
+            e->gso = 0;  /* this kernel or route takes no GSO: one message per datagram from now on */
+            int done = 0;
+            for (int k = 0; k < at; k++)
+                done += (int)e->tx_msgs[k].msg_hdr.msg_iovlen;
+            memmove(e->tx_iov, e->tx_iov + done, sizeof(*e->tx_iov) * (size_t)(n - done));
+            n -= done;
+            m = build_messages(e, n), at = 0;
             continue;
         }
-        e->io_sent += sent;
+        if (sent < 0) {  /* this message is lost (a full buffer, an unreachable port), as a sendto's */
+            e->dropped_out += (long long)e->tx_msgs[at].msg_hdr.msg_iovlen;
+            at++;
+            continue;
+        }
+        for (int k = at; k < at + sent; k++)
+            e->io_sent += (long long)e->tx_msgs[k].msg_hdr.msg_iovlen;
         at += sent;
     }
     Py_END_ALLOW_THREADS
 }
 
-static double monotonic_now(void)
+/* Take what waits in the socket, a recvmmsg batch at a time (at most RX_BURST datagrams), each batch
+ * followed by the decisions it allows. */
+static void drain(Engine *e)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/*
- * One turn of the stream's I/O loop: decide and send what is due; sleep until a result, a wake-up on
- * wake_fd, or the next timer (at most max_wait s); then take results a batch per recvmmsg, each batch
- * followed by the decisions it allows, for at most RX_BURST datagrams. Returns the segments completed.
- */
-static PyObject *Engine_pump(Engine *e, PyObject *args)
-{
-    int wake_fd;
-    double max_wait;
-    if (!PyArg_ParseTuple(args, "id", &wake_fd, &max_wait))
-        return NULL;
-    if (!e->core.have_switch) {
-        PyErr_SetString(PyExc_RuntimeError, "pump() before set_switch()");
-        return NULL;
-    }
-    PyObject *completed = PyList_New(0);
-    if (completed == NULL)
-        return NULL;
-    double now = monotonic_now();
-    core_decide(&e->core, now);
-    send_out(e);
-    double wakeup = core_next_wakeup(&e->core), wait = max_wait;
-    if (wakeup >= 0 && wakeup - now < wait)
-        wait = wakeup - now > 0 ? wakeup - now : 0;
-    struct pollfd fds[2] = {{.fd = e->fd, .events = POLLIN}, {.fd = wake_fd, .events = POLLIN}};
-    int ready;
-    Py_BEGIN_ALLOW_THREADS
-    ready = poll(fds, 2, (int)ceil(wait * 1000.0));
-    if (ready > 0 && (fds[1].revents & POLLIN)) {
-        char sink[256];
-        while (read(wake_fd, sink, sizeof(sink)) > 0) {
-        }
-    }
-    Py_END_ALLOW_THREADS
     for (int taken = 0; taken < RX_BURST;) {
         int got;
         for (int i = 0; i < RX_BATCH; i++)
@@ -327,10 +342,10 @@ static PyObject *Engine_pump(Engine *e, PyObject *args)
         while (got < 0 && errno == EINTR);
         Py_END_ALLOW_THREADS
         if (got <= 0)
-            break;
+            return;
         e->io_received += got;
         taken += got;
-        now = monotonic_now();
+        double now = monotonic_now();
         for (int i = 0; i < got; i++) {
             int copies = 1;
             if (e->loss > 0 || e->duplicate > 0) {
@@ -346,10 +361,55 @@ static PyObject *Engine_pump(Engine *e, PyObject *args)
             for (int k = 0; k < copies; k++)
                 core_result(&e->core, now, e->rx[i], (Py_ssize_t)e->rx_msgs[i].msg_len, &e->rx_from[i]);
         }
-        core_decide(&e->core, now);
+        core_decide(&e->core, now, 0);  /* new packets at once; losses only once the socket is empty */
         send_out(e);
         if (got < RX_BATCH)
-            break;
+            return;
+    }
+}
+
+/*
+ * One turn of the stream's I/O loop: take the results already waiting (a process that was off the CPU
+ * must not fire timers for packets whose results sit unread in its socket), decide and send what is due,
+ * sleep until a result, a wake-up on wake_fd or the next timer (at most max_wait s), and take results
+ * again. Returns the segments completed.
+ */
+static PyObject *Engine_pump(Engine *e, PyObject *args)
+{
+    int wake_fd;
+    double max_wait;
+    if (!PyArg_ParseTuple(args, "id", &wake_fd, &max_wait))
+        return NULL;
+    if (!e->core.have_switch) {
+        PyErr_SetString(PyExc_RuntimeError, "pump() before set_switch()");
+        return NULL;
+    }
+    PyObject *completed = PyList_New(0);
+    if (completed == NULL)
+        return NULL;
+    drain(e);
+    double now = monotonic_now();
+    core_decide(&e->core, now, 1);
+    send_out(e);
+    double wakeup = core_next_wakeup(&e->core), wait = max_wait;
+    if (e->core.n_done)
+        wait = 0;  /* a segment is done: hand it up before sleeping */
+    else if (wakeup >= 0 && wakeup - now < wait)
+        wait = wakeup - now > 0 ? wakeup - now : 0;
+    struct pollfd fds[2] = {{.fd = e->fd, .events = POLLIN}, {.fd = wake_fd, .events = POLLIN}};
+    int ready;
+    Py_BEGIN_ALLOW_THREADS
+    ready = poll(fds, 2, (int)ceil(wait * 1000.0));
+    if (ready > 0 && (fds[1].revents & POLLIN)) {
+        char sink[256];
+        while (read(wake_fd, sink, sizeof(sink)) > 0) {
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (ready > 0 && (fds[0].revents & POLLIN)) {
+        drain(e);
+        core_decide(&e->core, monotonic_now(), 1);
+        send_out(e);
     }
     if (take_completed(&e->core, completed) == NULL) {
         Py_DECREF(completed);
@@ -370,9 +430,10 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused)
 {
     Core *c = &e->core;
     return Py_BuildValue(
-        "{sLsLsLsLsLsLsLsLsL}", "packets_sent", c->packets_sent, "retransmissions",
+        "{sLsLsLsLsLsLsLsLsLsL}", "packets_sent", c->packets_sent, "retransmissions",
         c->fast_retransmissions + c->timer_retransmissions, "fast_retransmissions", c->fast_retransmissions,
-        "timer_retransmissions", c->timer_retransmissions, "results", c->results, "duplicate_results",
+        "timer_retransmissions", c->timer_retransmissions, "spurious_retransmissions",
+        c->spurious_retransmissions, "results", c->results, "duplicate_results",
         c->duplicate_results, "stale_results", c->stale_results, "partial_results", c->partial_results,
         "foreign_packets", c->foreign_packets);
 }

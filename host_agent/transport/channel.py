@@ -46,6 +46,23 @@ class ChannelCounters:
         return dict(self.__dict__)
 
 
+#: Socket buffers: a window of results arriving while the I/O thread waits for a core must not overflow
+#: them (each overflow is a loss to recover).
+BUFFER_BYTES = 4 << 20
+#: SO_RCVBUFFORCE / SO_SNDBUFFORCE (Linux): above net.core.rmem_max / wmem_max, with CAP_NET_ADMIN.
+_FORCE = {socket.SO_RCVBUF: 33, socket.SO_SNDBUF: 32}
+
+
+def _large_buffers(sock: socket.socket) -> None:
+    """``BUFFER_BYTES`` each way: forced past the system's cap where this process may (root), else as
+    much as the cap allows (the kernel clamps a plain request silently)."""
+    for option, forced in _FORCE.items():
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, forced, BUFFER_BYTES)
+        except OSError:  # not permitted: the plain request, clamped to the system's cap
+            sock.setsockopt(socket.SOL_SOCKET, option, BUFFER_BYTES)
+
+
 @dataclass
 class Channel:
     """One bound UDP socket that talks to one switch address, a batch of datagrams per system call.
@@ -63,8 +80,7 @@ class Channel:
     def __post_init__(self) -> None:
         self.io = batch_io(self.native)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        _large_buffers(self.sock)
         self.sock.bind(self.local)
         self.sock.setblocking(False)
         self.local = self.sock.getsockname()

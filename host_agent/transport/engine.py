@@ -17,8 +17,12 @@ One ``step(now, datagrams)`` takes the results that arrived, then decides what l
    again at once, at most once per smoothed round trip. Every worker sees the same gap, so a lost round
    costs about one round trip, not a timer.
 3. **Timers**, for what the gap cannot show (the last packets of a burst): RFC 6298 with Karn's rule and
-   backoff, floored by the path's own round trip (``window.RoundTrip``). A packet older than
-   ``timeout_s`` stalls the stream (``stalled``): the caller fails it, naming the silent workers.
+   backoff, floored by the path's own round trip (``window.RoundTrip``). A result that comes back sooner
+   after a resend than any round trip can take answers the first send: the timer fired early, and that
+   send's round trip, a true one, goes into the estimator (Eifel), so a host whose scheduling delays
+   exceed its smoothed round trip learns a longer timer instead of resending on every delay. A packet
+   older than ``timeout_s`` stalls the stream (``stalled``): the caller fails it, naming the silent
+   workers.
 4. **New packets**, as far as the window and the shadow-copy rule allow (never p + S before p's result).
 
 Each loss also tells the window, which halves only when the delay says the path is congested.
@@ -54,6 +58,7 @@ class EngineStats:
     retransmissions: int = 0  # fast + timer
     fast_retransmissions: int = 0
     timer_retransmissions: int = 0
+    spurious_retransmissions: int = 0  # found to have been needless (the original's answer came back)
     results: int = 0
     duplicate_results: int = 0
     stale_results: int = 0
@@ -149,17 +154,20 @@ class PacketEngine:
         return self._low
 
     # --- one step ------------------------------------------------------------------------------------
-    def step(self, now: float, datagrams: list[tuple[bytes | memoryview, tuple[str, int]]]
-             ) -> tuple[list[bytes], list[tuple[int, float]]]:
+    def step(self, now: float, datagrams: list[tuple[bytes | memoryview, tuple[str, int]]],
+             recover: bool = True) -> tuple[list[bytes], list[tuple[int, float]]]:
         """Take ``datagrams`` (payload, source) and decide what leaves at ``now``: (datagrams to send, in
-        order; segments completed, as (ident, started))."""
+        order; segments completed, as (ident, started)). ``recover`` False leaves losses (steps 2 and 3)
+        for later: the I/O loop sends new packets after each batch it drains, but looks for losses only
+        once the socket is empty, so a result still unread is never taken for a loss."""
         completed: list[tuple[int, float]] = []
         for datagram, source in datagrams:
             self._check_result(now, datagram, source, completed)
         out: list[bytes] = []
-        self._fast_retransmit(now, out)
-        if not self._timers(now, out):
-            return out, completed
+        if recover:
+            self._fast_retransmit(now, out)
+            if not self._timers(now, out):
+                return out, completed
         self._send_new(now, out)
         return out, completed
 
@@ -208,6 +216,11 @@ class PacketEngine:
             rtt = now - flight.first_sent
             self.rtt.sample(rtt)
             self.window.on_result(rtt)
+        elif flight.retries == 1 and now - flight.last_sent < self.window.min_rtt:
+            # Back sooner than any round trip after the resend: the answer to the first send, so the
+            # timer fired early (Eifel). Its round trip is a true one: the timer learns it.
+            stats.spurious_retransmissions += 1
+            self.rtt.sample(now - flight.first_sent)
         self._received[slot] = True
         self._inflight -= 1
         self._highest = max(self._highest, position)
@@ -255,7 +268,12 @@ class PacketEngine:
                 self.stats.fast_retransmissions += 1
 
     def _timers(self, now: float, out: list[bytes]) -> bool:
-        """Resend what timed out; False (and ``stalled`` set) if a packet is past ``timeout_s``."""
+        """Resend the oldest packet that timed out and re-arm the others' timers; False (and ``stalled``
+        set) if a packet is past ``timeout_s``. One at a time, as TCP's timeout resends only the first
+        segment: when every timer in flight fires at once, the cause is far more often a peer that was off
+        the CPU (the switch holds the round for it) than a whole window lost, and the gap in the results
+        finds the losses among the rest once answers flow again."""
+        resent = False
         for position in range(self._low, self._send_next):
             slot = position % self.who.slot_count
             flight = self._ring[slot]
@@ -264,8 +282,12 @@ class PacketEngine:
             if now - flight.first_sent > self.timeout_s:
                 self.stalled = Stalled(position, flight.retries + 1, now - flight.first_sent)
                 return False
+            if resent:
+                flight.deadline = now + self.rtt.rto
+                continue
             self._resend(now, position, flight, out)
             self.stats.timer_retransmissions += 1
+            resent = True
         return True
 
     def _send_new(self, now: float, out: list[bytes]) -> None:

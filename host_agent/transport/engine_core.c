@@ -222,6 +222,9 @@ void core_result(Core *c, double now, const unsigned char *d, Py_ssize_t length,
         double rtt = now - flight->first_sent;
         rtt_sample(c, rtt);
         window_on_result(c, rtt);
+    } else if (flight->retries == 1 && now - flight->last_sent < c->min_rtt) {
+        c->spurious_retransmissions++;  /* Eifel: the first send's answer; its round trip is true */
+        rtt_sample(c, now - flight->first_sent);
     }
     c->received[slot] = 1;
     c->inflight--;
@@ -256,8 +259,10 @@ static void resend(Core *c, double now, long long position, Flight *flight)  /* 
     window_on_loss(c, now, pause_s(c), flight->retries > 1);
 }
 
-void core_decide(Core *c, double now)  /* PacketEngine.step, after the results */
+void core_decide(Core *c, double now, int recover)  /* PacketEngine.step, after the results */
 {
+    if (!recover)
+        goto send_new;
     /* _fast_retransmit */
     double pause = pause_s(c);
     long long gap_end = c->highest - g.duplicate_threshold + 1;
@@ -269,7 +274,8 @@ void core_decide(Core *c, double now)  /* PacketEngine.step, after the results *
             c->fast_retransmissions++;
         }
     }
-    /* _timers */
+    /* _timers: the oldest expired packet is resent, the others' timers re-armed */
+    int resent = 0;
     for (long long p = c->low; p < c->send_next; p++) {
         unsigned slot = (unsigned)(p % c->slot_count);
         Flight *flight = &c->ring[slot];
@@ -280,10 +286,15 @@ void core_decide(Core *c, double now)  /* PacketEngine.step, after the results *
             c->stall_position = p, c->stall_sends = flight->retries + 1, c->stall_age = now - flight->first_sent;
             return;
         }
+        if (resent) {
+            flight->deadline = now + c->rto;
+            continue;
+        }
         resend(c, now, p, flight);
         c->timer_retransmissions++;
+        resent = 1;
     }
-    /* _send_new */
+send_new:  /* _send_new */
     long long limit = c->low + c->slot_count < c->next_free ? c->low + c->slot_count : c->next_free;
     long long window = c->wsize < 1.0 ? 1 : (long long)c->wsize;
     while (c->send_next < limit && c->inflight < window) {

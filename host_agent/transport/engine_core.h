@@ -73,7 +73,8 @@ typedef struct {
     long long stall_position, stall_sends;
     double stall_age;
     /* counters (engine.EngineStats) */
-    long long packets_sent, fast_retransmissions, timer_retransmissions, results, duplicate_results,
+    long long packets_sent, fast_retransmissions, timer_retransmissions, spurious_retransmissions, results,
+        duplicate_results,
         stale_results, partial_results, foreign_packets;
 } Core;
 
@@ -85,7 +86,8 @@ void core_restart(Core *c, unsigned epoch);
 int core_from_switch(const Core *c, const struct sockaddr_in *from);
 void core_result(Core *c, double now, const unsigned char *datagram, Py_ssize_t length,
                  const struct sockaddr_in *from);
-void core_decide(Core *c, double now);
+/* Fast retransmits and timers (when ``recover``), then new packets, into c->out. */
+void core_decide(Core *c, double now, int recover);
 double core_next_wakeup(const Core *c);
 
 #endif

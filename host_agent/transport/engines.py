@@ -6,13 +6,17 @@ send again; the segments completed), ``stats``, ``rtt``, ``window``, ``stalled``
 
 The native engine does the socket work itself (recvmmsg, sendmmsg, the GIL released while it waits) and
 applies the channel's impairment per datagram, counted as the channel would, so a lossy test or benchmark
-measures the same thing on both.
+measures the same thing on both. Its sends go as UDP GSO runs (one message carries up to 64 equal
+datagrams to the switch, one traversal of the kernel's stack) where the kernel takes them; the first
+refusal turns GSO off for good and the same datagrams leave one message each.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import select
+import time
 from types import ModuleType
 
 from host_agent.transport.channel import Channel
@@ -56,21 +60,36 @@ class ChannelEngine(PacketEngine):
         self._batch = ReceiveBatch(RECEIVE_BATCH, PACKET_BYTES + 1)  # + 1: a longer one is never whole
 
     def pump(self, wake_fd: int, max_wait: float) -> list[tuple[int, float]]:
-        import time
-
+        """One turn of the I/O loop (as ``_engine.c``'s): take the results already waiting (a thread that
+        was off the CPU must not fire timers for results unread in its socket), decide and send what is
+        due, sleep until a result, a wake-up or the next timer, take results again."""
         self.switch = self.channel.switch
-        out, completed = self.step(time.monotonic(), [])
+        completed = self._drain()
+        out, done = self.step(time.monotonic(), [])
+        completed += done
         self._send(out)
         wakeup = self.next_wakeup()
-        wait = max_wait if wakeup is None else min(max_wait, max(0.0, wakeup - time.monotonic()))
+        wait = 0.0 if completed else max_wait
+        if wakeup is not None:
+            wait = min(wait, max(0.0, wakeup - time.monotonic()))
         readable, _, _ = select.select([self.channel, wake_fd], [], [], wait)
         if wake_fd in readable:
-            _drain(wake_fd)
+            _drain_wake(wake_fd)
+        if self.channel in readable:
+            completed += self._drain()
+            out, done = self.step(time.monotonic(), [])
+            completed += done
+            self._send(out)
+        return completed
+
+    def _drain(self) -> list[tuple[int, float]]:
+        """What waits in the socket, a batch at a time, each batch followed by its decisions."""
+        completed: list[tuple[int, float]] = []
         batch = self._batch
         for _ in range(RECEIVE_BURST // RECEIVE_BATCH):
             taken = self.channel.receive_many(batch)
             datagrams = [(batch.datagram(i), batch.source(i)) for i in range(len(batch))]
-            out, done = self.step(time.monotonic(), datagrams)
+            out, done = self.step(time.monotonic(), datagrams, recover=False)
             completed += done
             self._send(out)
             if taken < batch.capacity:
@@ -85,9 +104,7 @@ class ChannelEngine(PacketEngine):
         return self.channel.counters.as_dict()
 
 
-def _drain(fd: int) -> None:
-    import os
-
+def _drain_wake(fd: int) -> None:
     try:
         while os.read(fd, 4096):
             pass
@@ -99,7 +116,7 @@ class NativeEngine:
     """``_engine.Engine`` behind the reference engine's face."""
 
     def __init__(self, who: StreamIdentity, world_size: int, channel: Channel | None, timeout_s: float,
-                 ) -> None:
+                 gso: bool = True) -> None:
         self.who = who
         self.channel = channel
         impairment = channel.impairment if channel is not None else None
@@ -109,7 +126,7 @@ class NativeEngine:
             world_size=world_size, timeout_s=timeout_s,
             loss=impairment.loss if impairment else 0.0,
             duplicate=impairment.duplicate if impairment else 0.0,
-            seed=(impairment.seed or 0) if impairment else 0,
+            seed=(impairment.seed or 0) if impairment else 0, gso=gso,
         )
         self._switch: tuple[str, int] | None = None
 
@@ -131,8 +148,9 @@ class NativeEngine:
         self.who = StreamIdentity(self.who.job_id, self.who.rank, epoch, self.who.slot_count)
         self._engine.restart(epoch)
 
-    def step(self, now: float, datagrams: list) -> tuple[list[bytes], list[tuple[int, float]]]:
-        return self._engine.step(now, datagrams)
+    def step(self, now: float, datagrams: list, recover: bool = True
+             ) -> tuple[list[bytes], list[tuple[int, float]]]:
+        return self._engine.step(now, datagrams, recover)
 
     def pump(self, wake_fd: int, max_wait: float) -> list[tuple[int, float]]:
         self._sync_switch()

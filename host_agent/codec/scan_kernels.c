@@ -1,0 +1,119 @@
+/*
+ * scan_nonzero: the positions and bit patterns of the nonzero elements of a 32-bit bucket, in one pass
+ * (items.nonzero_rows). A float is nonzero unless both its zeros (+0, -0); NaN counts as nonzero, like
+ * torch's `x != 0`. Sixteen elements are tested at a time with SSE2 compares (any x86-64), so the cost is
+ * one streaming read of the bucket plus O(nonzeros); the two halves of a large bucket go to two threads.
+ */
+#include "kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+struct scan {
+    const uint32_t *x;
+    int64_t lo, hi;
+    int is_float;
+    int64_t *pos;
+    uint32_t *vals;
+    int64_t cap;   /* entries `pos`/`vals` hold; counting goes on beyond it */
+    int64_t count;
+    int grow;      /* 1: write into a private buffer grown as needed (pos/vals/cap are replaced) */
+    int failed;
+};
+
+/* Bit j of the result: element base + j (j < 16) is nonzero. */
+static inline uint32_t nonzero16(const uint32_t *x, int is_float)
+{
+#ifdef __SSE2__
+    const __m128i zero = _mm_setzero_si128();
+    uint32_t zeros = 0;
+    for (int q = 0; q < 4; q++) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(x + 4 * q));
+        if (is_float) {
+            v = _mm_slli_epi32(v, 1); /* drop the sign: -0.0 is zero */
+        }
+        zeros |= (uint32_t)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(v, zero))) << (4 * q);
+    }
+    return ~zeros & 0xFFFFu;
+#else
+    uint32_t mask = 0;
+    for (int j = 0; j < 16; j++) {
+        mask |= (uint32_t)((is_float ? x[j] << 1 : x[j]) != 0) << j;
+    }
+    return mask;
+#endif
+}
+
+static int push(struct scan *s, int64_t at, uint32_t bits)
+{
+    if (s->count >= s->cap) {
+        if (!s->grow) {
+            s->count++; /* only counted: the caller scans again with room for all */
+            return 1;
+        }
+        const int64_t cap = 2 * s->cap + 1024;
+        int64_t *pos = realloc(s->pos, (size_t)cap * sizeof(int64_t));
+        if (pos == NULL) {
+            return 0;
+        }
+        s->pos = pos;
+        uint32_t *vals = realloc(s->vals, (size_t)cap * sizeof(uint32_t));
+        if (vals == NULL) {
+            return 0;
+        }
+        s->vals = vals;
+        s->cap = cap;
+    }
+    s->pos[s->count] = at;
+    s->vals[s->count++] = bits;
+    return 1;
+}
+
+static void scan_range(void *arg)
+{
+    struct scan *s = arg;
+    const uint32_t *x = s->x;
+    int64_t i = s->lo;
+    for (; i + 16 <= s->hi; i += 16) {
+        for (uint32_t mask = nonzero16(x + i, s->is_float); mask != 0; mask &= mask - 1) {
+            const int64_t at = i + __builtin_ctz(mask);
+            if (!push(s, at, x[at])) {
+                s->failed = 1;
+                return;
+            }
+        }
+    }
+    for (; i < s->hi; i++) {
+        if ((s->is_float ? x[i] << 1 : x[i]) != 0 && !push(s, i, x[i])) {
+            s->failed = 1;
+            return;
+        }
+    }
+}
+
+int64_t scan_nonzero(const uint32_t *x, int64_t n, int is_float, int64_t *pos, uint32_t *vals, int64_t cap,
+                     int threads)
+{
+    const int64_t half = threads > 1 && n >= (1 << 20) ? (n / 2) & ~(int64_t)15 : n;
+    struct scan a = {x, 0, half, is_float, pos, vals, cap, 0, 0, 0};
+    struct scan b = {x, half, n, is_float, NULL, NULL, 0, 0, 1, 0};
+    if (half == n) {
+        scan_range(&a);
+        return a.count;
+    }
+    run_pair(scan_range, &b, &a, threads);
+    int64_t total = -1;
+    if (!b.failed) {
+        total = a.count + b.count;
+        if (total <= cap) {
+            memcpy(pos + a.count, b.pos, (size_t)b.count * sizeof(int64_t));
+            memcpy(vals + a.count, b.vals, (size_t)b.count * sizeof(uint32_t));
+        }
+    }
+    free(b.pos);
+    free(b.vals);
+    return total;
+}

@@ -1,0 +1,329 @@
+/*
+ * One frame through p4src/v1model/lhc.p4, exactly as softswitch/pipeline.py models it (that file is the
+ * reference; each function here names the method it mirrors). The frame is rewritten in place, like the
+ * Python pipeline's receive buffer, and every copy it produces goes to emit_frame.
+ *
+ * Tables are the Python dicts themselves (ExactTable.entries, LpmTable._by_len, MulticastGroups.groups),
+ * looked up with the GIL held under the switch lock (_dataplane_tables.c); registers and counters are the
+ * Pipeline's numpy arrays through the buffer protocol. Nothing here keeps a copy of either.
+ */
+#include "_dataplane.h"
+
+#include <string.h>
+
+/* Parser outcome: the deepest header extracted (pipeline.py's _NONE .. _PAYLOAD_VALID). */
+enum { LEVEL_NONE, LEVEL_ETHERNET, LEVEL_IPV4, LEVEL_UDP, LEVEL_LHC, LEVEL_PAYLOAD };
+
+/* Ethernet, IPv4 and UDP fields other than addresses are 16 bits wide (RFC 791, RFC 768). */
+static inline uint64_t get16(const uint8_t *p) { return get_be(p, 2); }
+static inline void put16(uint8_t *p, uint64_t v) { put_be(p, 2, v); }
+
+/* LhcParser: the deepest header extracted; *error when the parser hit the end (PacketTooShort). */
+static int parse(const Layout *L, const uint8_t *rx, Py_ssize_t length, int *error)
+{
+    *error = 0;
+    if (length < L->ethernet_bytes)
+        return *error = 1, LEVEL_NONE;
+    if (get16(rx + L->eth_type) != (uint64_t)L->ethertype_ipv4)
+        return LEVEL_ETHERNET;
+    if (length < L->frame_ipv4 + 1) /* lookahead<bit<8>> past the end */
+        return *error = 1, LEVEL_ETHERNET;
+    if (rx[L->frame_ipv4] != L->ipv4_version_ihl)
+        return LEVEL_ETHERNET;
+    if (length < L->frame_udp)
+        return *error = 1, LEVEL_ETHERNET;
+    if ((get16(rx + L->ip_frag) & L->frag_offset_mask) || rx[L->ip_proto] != L->ip_proto_udp)
+        return LEVEL_IPV4;
+    if (length < L->frame_lhc)
+        return *error = 1, LEVEL_IPV4;
+    if ((get16(rx + L->udp_dport) & L->udp_port_mask) != (uint64_t)L->udp_port_base)
+        return LEVEL_UDP;
+    if (length < L->frame_payload)
+        return *error = 1, LEVEL_UDP;
+    if (length < L->frame_end)
+        return *error = 1, LEVEL_LHC;
+    return LEVEL_PAYLOAD;
+}
+
+void ipv4_checksum(const Layout *L, uint8_t *rx)
+{
+    uint32_t total = 0;
+    for (long at = L->frame_ipv4; at < L->frame_ipv4 + L->ipv4_bytes; at += 2)
+        if (at != L->ip_checksum)
+            total += (uint32_t)get16(rx + at);
+    total = (total & 0xFFFF) + (total >> 16);
+    total = (total & 0xFFFF) + (total >> 16);
+    put16(rx + L->ip_checksum, ~total & 0xFFFF);
+}
+
+/* LhcEgress + LhcComputeChecksum + LhcDeparser (pipeline.py _egress). */
+static int egress(Engine *e, uint8_t *rx, long port, uint64_t rid, int is_lhc, Py_ssize_t length, Sink *sink)
+{
+    const Layout *L = &e->L;
+    if (port == L->drop_port)
+        return 0;
+    if (is_lhc && (rx[L->lhc_byte0] >> L->type_shift) == L->msg_result) {
+        uint64_t key = (get_be(rx + L->lhc_job_id, L->job_id_bytes) << L->replicas_job_shift) | rid;
+        PyObject *action = lookup(e->s.replicas, key);
+        if (action == NULL && PyErr_Occurred())
+            return -1;
+        if (action == NULL)
+            action = e->s.replicas_default;
+        int hit = is_action(action, e->name_set_replica_dst);
+        if (hit <= 0)
+            return hit;
+        uint64_t mac, addr, udp_port;
+        if (param(action, L->replica_dst_mac_at, L->replica_len, &mac) < 0
+            || param(action, L->replica_dst_addr_at, 0, &addr) < 0
+            || param(action, L->replica_dst_port_at, 0, &udp_port) < 0)
+            return -1;
+        put_be(rx + L->eth_dst, L->mac_bytes, mac);
+        put_be(rx + L->ip_dst, L->ip_addr_bytes, addr);
+        put_be(rx + L->udp_dport, L->udp_port_bytes, udp_port);
+    }
+    if (get16(rx + L->eth_type) == (uint64_t)L->ethertype_ipv4 && rx[L->frame_ipv4] == L->ipv4_version_ihl
+        && length >= L->frame_udp)
+        ipv4_checksum(L, rx);
+    return emit_frame(e, sink, port, rx, length);
+}
+
+/* simple_switch's PRE (pipeline.py _replicate): one egress pass per replica; group 0 means egress_spec 0. */
+static int replicate(Engine *e, uint8_t *rx, uint64_t group_id, Py_ssize_t length, Sink *sink)
+{
+    if (group_id == 0)
+        return egress(e, rx, 0, 0, 1, length, sink);
+    PyObject *group = lookup(e->s.groups, group_id);
+    if (group == NULL)
+        return PyErr_Occurred() ? -1 : 0; /* a group that does not exist yields no copies */
+    if (!PyTuple_Check(group)) {
+        PyErr_SetString(PyExc_TypeError, "a multicast group is not a tuple of (port, instance)");
+        return -1;
+    }
+    Py_INCREF(group);
+    int status = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(group) && status == 0; i++) {
+        uint64_t port, rid;
+        PyObject *replica = PyTuple_GET_ITEM(group, i);
+        if (!PyTuple_Check(replica) || param(replica, 0, 2, &port) < 0 || param(replica, 1, 2, &rid) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a replica is not a (port, instance) tuple");
+            status = -1;
+        } else {
+            status = egress(e, rx, (long)port, rid, 1, length, sink);
+        }
+    }
+    Py_DECREF(group);
+    return status;
+}
+
+/* The @atomic block (pipeline.py _aggregate and _retransmit): returns the outcome, -1 never. */
+static long aggregate(Engine *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint32_t step,
+                      uint32_t worker_bit, uint64_t fan_in, uint8_t byte0)
+{
+    const Layout *L = &e->L;
+    uint16_t *epochs = e->epoch.buf;
+    uint32_t *rounds = e->round.buf, *bitmaps = e->bitmap.buf;
+    uint8_t *remainings = e->remaining.buf;
+    uint32_t *row = (uint32_t *)e->values.buf + cell * L->lanes;
+    uint8_t *payload = rx + L->frame_payload;
+    uint32_t bitmap = 0;
+    uint8_t remaining = 0;
+    int starts;
+    if (epochs[cell] != epoch) { /* lazy reset of this copy: the packet starts its first round */
+        epochs[cell] = (uint16_t)epoch;
+        starts = 1;
+    } else {
+        remaining = remainings[cell];
+        uint32_t round = rounds[cell];
+        if (seq == round) {
+            bitmap = bitmaps[cell];
+            if (remaining == 0) { /* a repeat of the finished round: answer the sender */
+                for (long i = 0; i < L->lanes; i++)
+                    put_be(payload + i * L->lane_bytes, L->lane_bytes, row[i]);
+                rx[L->lhc_byte0] = (uint8_t)((L->msg_result_retx << L->type_shift) | (byte0 & L->byte0_keep));
+                put_be(rx + L->lhc_bitmap, L->bitmap_bytes, bitmap);
+                uint8_t swap[8];
+                long pairs[3][2] = {{L->eth_dst, L->eth_src}, {L->ip_src, L->ip_dst}, {L->udp_sport, L->udp_dport}};
+                long sizes[3] = {L->mac_bytes, L->ip_addr_bytes, L->udp_port_bytes};
+                for (int k = 0; k < 3; k++) {
+                    memcpy(swap, rx + pairs[k][0], sizes[k]);
+                    memcpy(rx + pairs[k][0], rx + pairs[k][1], sizes[k]);
+                    memcpy(rx + pairs[k][1], swap, sizes[k]);
+                }
+                put16(rx + L->udp_checksum, 0);
+                return L->stat_retx;
+            }
+            if (bitmap & worker_bit)
+                return L->stat_drop_duplicate;
+            starts = 0;
+        } else if (remaining == 0 && seq == (uint32_t)(round + step)) {
+            starts = 1;
+        } else {
+            return L->stat_drop_stale_round;
+        }
+    }
+    if (starts) { /* first of a round: the packet's words become the value (and stay the payload) */
+        for (long i = 0; i < L->lanes; i++)
+            row[i] = (uint32_t)get_be(payload + i * L->lane_bytes, L->lane_bytes);
+        bitmap = worker_bit;
+        remaining = (uint8_t)(fan_in - 1);
+        rounds[cell] = seq;
+    } else {
+        if (((byte0 >> L->op_shift) & L->op_mask) == L->op_add) {
+            for (long i = 0; i < L->lanes; i++) /* uint32: wraps mod 2^32 */
+                row[i] += (uint32_t)get_be(payload + i * L->lane_bytes, L->lane_bytes);
+        } else {
+            for (long i = 0; i < L->lanes; i++)
+                row[i] |= (uint32_t)get_be(payload + i * L->lane_bytes, L->lane_bytes);
+        }
+        bitmap |= worker_bit;
+        remaining = (uint8_t)(remaining - 1);
+        if (remaining == 0)
+            for (long i = 0; i < L->lanes; i++)
+                put_be(payload + i * L->lane_bytes, L->lane_bytes, row[i]);
+    }
+    bitmaps[cell] = bitmap;
+    remainings[cell] = remaining;
+    if (remaining)
+        return L->stat_absorbed;
+    /* the last contribution: the packet becomes the result, sourced from the switch's address */
+    rx[L->lhc_byte0] = (uint8_t)((L->msg_result << L->type_shift) | (byte0 & L->byte0_keep));
+    put_be(rx + L->lhc_bitmap, L->bitmap_bytes, bitmap);
+    memcpy(rx + L->eth_src, rx + L->eth_dst, L->mac_bytes);
+    memcpy(rx + L->ip_src, rx + L->ip_dst, L->ip_addr_bytes);
+    memcpy(rx + L->udp_sport, rx + L->udp_dport, L->udp_port_bytes);
+    put16(rx + L->udp_checksum, 0);
+    return L->stat_result;
+}
+
+/* LhcIngress, the is_lhc branch (pipeline.py _lhc_ingress): steps 1-8, the counter, the fate. */
+static int lhc_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_port, int level, int error,
+                       Sink *sink)
+{
+    const Layout *L = &e->L;
+    uint64_t job_index = 0, job_id = 0, mcast_grp = 0;
+    long stat;
+    if (error || level != LEVEL_PAYLOAD) {
+        stat = L->stat_drop_malformed;
+    } else {
+        uint8_t byte0 = rx[L->lhc_byte0];
+        uint64_t worker_id = get_be(rx + L->lhc_worker_id, L->worker_id_bytes);
+        uint64_t slot = get_be(rx + L->lhc_slot, L->slot_bytes), epoch = get_be(rx + L->lhc_epoch, L->epoch_bytes);
+        uint32_t seq = (uint32_t)get_be(rx + L->lhc_seq, L->seq_bytes);
+        job_id = get_be(rx + L->lhc_job_id, L->job_id_bytes);
+        if (get16(rx + L->udp_len) != (uint64_t)L->udp_length
+            || get16(rx + L->ip_total_len) != (uint64_t)L->ipv4_total_length
+            || ((byte0 >> L->flags_shift) & L->flags_mask)) {
+            stat = L->stat_drop_malformed;
+        } else if ((byte0 >> L->type_shift) != L->msg_data) {
+            stat = L->stat_drop_bad_type;
+        } else if (((byte0 >> L->op_shift) & L->op_mask) > L->op_or) {
+            stat = L->stat_drop_bad_op;
+        } else {
+            PyObject *job = lookup(e->s.jobs, job_id);
+            if (job == NULL && PyErr_Occurred())
+                return -1;
+            if (job == NULL) { /* miss: the default action (unknown_job) runs */
+                int set_job = is_action(e->s.jobs_default, e->name_set_job);
+                if (set_job < 0 || (set_job && param(e->s.jobs_default, L->job_index_at, 0, &job_index) < 0))
+                    return -1;
+                stat = L->stat_drop_unknown_job;
+            } else {
+                uint64_t slot_base, slot_count, fan_in, job_epoch;
+                if (param(job, L->job_index_at, L->set_job_len, &job_index) < 0
+                    || param(job, L->slot_base_at, 0, &slot_base) < 0 || param(job, L->slot_count_at, 0, &slot_count) < 0
+                    || param(job, L->fan_in_at, 0, &fan_in) < 0 || param(job, L->mcast_grp_at, 0, &mcast_grp) < 0
+                    || param(job, L->epoch_at, 0, &job_epoch) < 0)
+                    return -1;
+                if (epoch != job_epoch) {
+                    stat = L->stat_drop_stale_epoch;
+                } else if (slot >= slot_count || slot_base + slot >= (uint64_t)e->max_slots) {
+                    stat = L->stat_drop_slot_range;
+                } else {
+                    uint64_t key = (job_id << L->workers_job_shift) | (worker_id << L->workers_worker_shift)
+                                   | get_be(rx + L->ip_src, L->ip_addr_bytes);
+                    PyObject *worker = lookup(e->s.workers, key);
+                    if (worker == NULL && PyErr_Occurred())
+                        return -1;
+                    if (worker == NULL) {
+                        stat = L->stat_drop_bad_worker;
+                    } else {
+                        uint64_t worker_bit = 0;
+                        int admit = is_action(worker, e->name_admit_worker);
+                        if (admit < 0 || (admit && param(worker, L->worker_bit_at, 0, &worker_bit) < 0))
+                            return -1;
+                        Py_ssize_t cell = (Py_ssize_t)((slot_base + slot) * L->slot_copies
+                                                       + ((byte0 >> L->ver_shift) & L->ver_mask));
+                        stat = aggregate(e, rx, cell, epoch, seq, (uint32_t)(slot_count << 1),
+                                         (uint32_t)worker_bit, fan_in, byte0);
+                    }
+                }
+            }
+        }
+    }
+    uint64_t index = job_index * L->num_stats + stat;
+    if (index < (uint64_t)e->stat_cells) { /* an index past the counter counts nothing */
+        ((uint64_t *)e->stat_packets.buf)[index] += 1;
+        ((uint64_t *)e->stat_bytes.buf)[index] += (uint64_t)length;
+    }
+    if (stat == L->stat_result)
+        return replicate(e, rx, mcast_grp, length, sink);
+    if (stat == L->stat_retx)
+        return egress(e, rx, ingress_port, 0, 1, length, sink);
+    return 0;
+}
+
+/* LhcIngress, the other branches (pipeline.py _forward_ingress): ipv4_routes or l2_forward. */
+static int forward_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, int level, Sink *sink)
+{
+    const Layout *L = &e->L;
+    uint64_t port;
+    PyObject *action;
+    if (level >= LEVEL_IPV4) {
+        uint8_t ttl = rx[L->ip_ttl];
+        if (ttl <= 1)
+            return 0;
+        action = lpm_lookup(e, get_be(rx + L->ip_dst, L->ip_addr_bytes));
+        if (action == NULL && PyErr_Occurred())
+            return -1;
+        if (action == NULL)
+            action = e->s.lpm_default;
+        int route = is_action(action, e->name_route);
+        if (route <= 0)
+            return route;
+        uint64_t src_mac, dst_mac;
+        if (param(action, L->route_port_at, L->route_len, &port) < 0
+            || param(action, L->route_src_mac_at, 0, &src_mac) < 0 || param(action, L->route_dst_mac_at, 0, &dst_mac) < 0)
+            return -1;
+        put_be(rx + L->eth_dst, L->mac_bytes, dst_mac);
+        put_be(rx + L->eth_src, L->mac_bytes, src_mac);
+        rx[L->ip_ttl] = (uint8_t)(ttl - 1);
+    } else {
+        action = lookup(e->s.l2, get_be(rx + L->eth_dst, L->mac_bytes));
+        if (action == NULL && PyErr_Occurred())
+            return -1;
+        if (action == NULL)
+            action = e->s.l2_default;
+        int set_port = is_action(action, e->name_set_port);
+        if (set_port <= 0)
+            return set_port;
+        if (param(action, L->set_port_at, 0, &port) < 0)
+            return -1;
+    }
+    return egress(e, rx, (long)port, 0, 0, length, sink);
+}
+
+/* V1Switch (pipeline.py process). */
+int process_frame(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_port, Sink *sink)
+{
+    const Layout *L = &e->L;
+    if (!e->s.configured) /* BMv2 without a program forwards nothing */
+        return 0;
+    int error;
+    int level = parse(L, rx, length, &error);
+    if (level >= LEVEL_UDP && (get16(rx + L->udp_dport) & L->udp_port_mask) == (uint64_t)L->udp_port_base)
+        return lhc_ingress(e, rx, length, ingress_port, level, error, sink);
+    if (!error)
+        return forward_ingress(e, rx, length, level, sink);
+    return 0;
+}

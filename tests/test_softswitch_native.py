@@ -1,0 +1,339 @@
+"""The native pipeline (softswitch/_dataplane*.c) against the Python one, the reference model.
+
+Two Pipelines get the same table writes; seeded random frames (valid rounds of several jobs, stale
+rounds, duplicates, repeats of finished rounds, wrong epochs, slots out of range, unknown jobs, bad
+workers, malformed and truncated frames, wrong types, ops and flags, routed and L2 traffic, foreign UDP,
+random bytes) and a few table writes between them run through both: every frame out (port and bytes),
+every counter and every register must agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import select
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from p4.v1 import p4runtime_pb2 as p4v1
+
+from lhc_ina import constants as c
+from lhc_ina import wire
+from lhc_ina.jobs import JobLayout, WorkerEndpoint
+from lhc_ina.jobs import ip_to_int as ip_int
+from lhc_ina.jobs import mac_to_int as mac_int
+from lhc_ina.p4info import P4InfoIndex
+from softswitch.entities import Entities
+from softswitch.native import NativePipeline, layout, native_available
+from softswitch.pipeline import Pipeline
+from softswitch.ports import PortSpec, UdpPort
+from softswitch.testing import (
+    SWITCH_IP,
+    SWITCH_MAC,
+    data_frame,
+    data_packet,
+    job_updates,
+    make_job,
+    position,
+    table_entry,
+    update,
+)
+
+pytestmark = pytest.mark.skipif(not native_available(), reason="the native pipeline is not built")
+
+INDEX = P4InfoIndex.from_file()
+STEPS = 6000
+REGISTERS = ("slot_epoch", "slot_round", "slot_bitmap", "slot_remaining", "slot_values", "stats_packets",
+             "stats_bytes")
+ROUTES = [("10.0.0.0", 8, 3), ("10.1.0.0", 16, 4), ("192.168.1.0", 24, 511), ("172.16.0.0", 12, 9)]
+L2 = [("02:00:00:00:00:09", 2), ("02:00:00:00:00:0a", 511), (SWITCH_MAC, 5)]
+
+
+class Twins:
+    """A Python and a native pipeline written identically; ``step`` runs a frame through both."""
+
+    def __init__(self) -> None:
+        self.python = Pipeline(INDEX)
+        self.state = Pipeline(INDEX)
+        self.native = NativePipeline(self.state, 64)
+        self.entities = [Entities(p, INDEX.p4info) for p in (self.python, self.state)]
+        self.divergences: list[str] = []
+
+    def configure(self) -> None:
+        for pipeline in (self.python, self.state):
+            pipeline.configured = True
+
+    def write(self, updates: list[p4v1.Update]) -> None:
+        for entities in self.entities:
+            for up in updates:
+                entities.write(up)
+
+    def step(self, frame: bytes, port: int) -> list[tuple[int, bytes]]:
+        expected = self.python.inject(frame, port)
+        got = self.native.inject(frame, port)
+        if got != expected and len(self.divergences) < 5:
+            self.divergences.append(f"frame {frame.hex()} on port {port}: python {expected}, native {got}")
+        return expected
+
+    def state_differs(self) -> list[str]:
+        return [name for name in REGISTERS
+                if not np.array_equal(getattr(self.python, name), getattr(self.state, name))]
+
+
+def jobs() -> list[tuple[JobLayout, dict[str, int] | None]]:
+    """Jobs that cover the pipeline's branches: plain, fan_in below the workers, a missing replica
+    rewrite, a counter row past the counter with slots past the registers, and multicast group 0."""
+    return [
+        (make_job(11, 2, 4, slot_count=4, epoch=5), None),
+        (make_job(12, 3, 3, first_port=5, slot_base=16, slot_count=2, epoch=9, fan_in=2), None),
+        (make_job(13, 4, 2, first_port=7, slot_base=32, slot_count=3, epoch=3), None),
+        (make_job(14, 5, 2, slot_base=40, slot_count=2, epoch=4),
+         {"job_index": c.MAX_JOBS, "slot_base": c.MAX_SLOTS - 1}),
+        (make_job(15, 6, 2, first_port=3, slot_base=48, slot_count=2, epoch=6), {"mcast_grp": 0}),
+    ]
+
+
+def configure(twins: Twins) -> list[JobLayout]:
+    layouts = []
+    for job, broken in jobs():
+        twins.write(job_updates(INDEX, job, broken=broken))
+        layouts.append(job)
+    match = {"hdr.lhc.job_id": 13, "standard_metadata.egress_rid": 1}
+    replica = table_entry(INDEX, "LhcEgress.replicas", match, "LhcEgress.set_replica_dst",
+                          dst_mac=1, dst_addr=1, dst_port=1)
+    twins.write([update(p4v1.Update.DELETE, replica)])  # job 13's rank 1 copy has no rewrite: dropped
+    for prefix, plen, port in ROUTES:
+        match = {"hdr.ipv4.dst_addr": (ip_int(prefix), plen)}
+        twins.write([update(p4v1.Update.INSERT, table_entry(
+            INDEX, "LhcIngress.ipv4_routes", match, "LhcIngress.route", port=port,
+            src_mac=mac_int(SWITCH_MAC), dst_mac=mac_int(f"02:00:00:00:01:{port % 256:02x}")))])
+    for mac, port in L2:
+        twins.write([update(p4v1.Update.INSERT, table_entry(
+            INDEX, "LhcIngress.l2_forward", {"hdr.ethernet.dst_addr": mac_int(mac)}, "LhcIngress.set_port",
+            port=port))])
+    return layouts
+
+
+class Traffic:
+    """Seeded random frames: each ``frame()`` is (bytes, ingress port)."""
+
+    def __init__(self, seed: int, layouts: list[JobLayout]) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.jobs = layouts
+        self.next_p = [0] * len(layouts)
+        self.pending: list[dict[int, list[int]]] = [{} for _ in layouts]  # round -> ranks yet to send
+        self.sent: list[list[tuple[int, int]]] = [[] for _ in layouts]  # (round, rank) already sent
+
+    def words(self) -> np.ndarray:
+        if self.rng.random() < 0.3:  # values near the wrap
+            return self.rng.choice(np.array([0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF], np.uint32), c.LANES)
+        return self.rng.integers(0, 1 << 32, c.LANES, dtype=np.uint64).astype(np.uint32)
+
+    def contribution(self, j: int, p: int, rank: int, **header: int) -> tuple[bytes, int]:
+        job = self.jobs[j]
+        op = int(c.Op.OR) if self.rng.random() < 0.15 else int(c.Op.ADD)
+        header = {**position(job, p), "op": op, **header}
+        return data_frame(job, rank, self.words(), **header), job.workers[rank].switch_port
+
+    def valid(self, j: int) -> tuple[bytes, int]:
+        """The next packet of an in-flight round, starting one when fewer than S are in flight."""
+        job, pending = self.jobs[j], self.pending[j]
+        if not pending or (len(pending) < job.slot_count and self.rng.random() < 0.3):
+            pending[self.next_p[j]] = list(self.rng.permutation(len(job.workers)))
+            self.next_p[j] += 1
+        p = list(pending)[int(self.rng.integers(len(pending)))]
+        rank = int(pending[p].pop())
+        if not pending[p]:
+            del pending[p]
+        self.sent[j].append((p, rank))
+        return self.contribution(j, p, rank)
+
+    def repeat(self, j: int, shift: int = 0) -> tuple[bytes, int]:
+        """A packet already sent, again (a duplicate or a repeat of a finished round), or ``shift``
+        rounds of the copy away (stale or future)."""
+        if not self.sent[j]:
+            return self.valid(j)
+        p, rank = self.sent[j][-int(self.rng.integers(1, min(len(self.sent[j]), 40) + 1))]
+        return self.contribution(j, max(p + shift * 2 * self.jobs[j].slot_count, 0), rank)
+
+    def broken_lhc(self, j: int) -> tuple[bytes, int]:
+        job, rng = self.jobs[j], self.rng
+        rank = int(rng.integers(len(job.workers)))
+        p = self.next_p[j]
+        kind = int(rng.integers(11))
+        header: dict[str, int] = [
+            {"epoch": (job.epoch + 1) % (1 << 16)}, {"slot": job.slot_count + int(rng.integers(3))},
+            {"job_id": 99}, {"worker_id": len(job.workers) + 1},
+            {"msg_type": int(rng.choice([0, 2, 3, 4, 15]))}, {"op": int(rng.integers(2, 4))}, {"flags": 1},
+            {}, {}, {}, {},
+        ][kind]
+        frame, port = self.contribution(j, p, rank, **header)
+        frame = bytearray(frame)
+        if kind == 7:  # spoofed source address
+            frame[wire.IP_SRC] = bytes([10, 99, 0, 1])
+        elif kind == 8:  # truncated anywhere, or longer than allowed
+            frame = frame[: int(rng.integers(0, len(frame)))] if rng.random() < 0.7 else frame + b"\0\0\0\0"
+        elif kind == 9:  # a wrong UDP or IPv4 length
+            at = wire.UDP_LEN if rng.random() < 0.5 else wire.IP_TOTAL_LEN
+            frame[at + 1] ^= 1 << int(rng.integers(8))
+        elif kind == 10:  # another UDP port of the range, any destination address
+            frame[wire.UDP_DPORT.start + 1] = (c.UDP_PORT_BASE + int(rng.integers(c.UDP_PORT_COUNT))) & 0xFF
+            frame[wire.IP_DST] = bytes(rng.integers(0, 256, 4, dtype=np.uint8))
+        return bytes(frame), port
+
+    def other(self) -> tuple[bytes, int]:
+        """Routed IPv4 (TTL, options, fragments, other protocols), foreign UDP, L2 frames, random bytes."""
+        rng = self.rng
+        kind = int(rng.integers(6))
+        if kind == 5:
+            return rng.bytes(int(rng.integers(0, 120))), int(rng.integers(1, 10))
+        dst = [f"10.{rng.integers(3)}.0.{rng.integers(1, 9)}", "192.168.1.7", "172.20.3.4", "8.8.8.8",
+               SWITCH_IP][int(rng.integers(5))]
+        frame = bytearray(wire.build_frame(
+            rng.bytes(int(rng.integers(0, 300))), src_mac="02:00:00:00:00:01",
+            dst_mac=[SWITCH_MAC, L2[0][0], L2[1][0], "02:00:00:00:00:77"][int(rng.integers(4))],
+            src_ip="10.2.0.1",
+            dst_ip=dst, src_port=int(rng.integers(1, 1 << 16)), dst_port=int(rng.integers(1, 1 << 16)),
+            ttl=int(rng.choice([0, 1, 2, 64])),
+        ))
+        if kind == 1:
+            frame[wire.IP_PROTO] = int(rng.choice([1, 6, 47]))
+        elif kind == 2:  # options or another version: only l2_forward sees it
+            frame[wire.FRAME_IPV4] = int(rng.choice([0x46, 0x60, 0x4F]))
+        elif kind == 3:  # a fragment, possibly of an lhc port
+            frame[wire.IP_FRAG + 1] = int(rng.integers(1, 256))
+            frame[wire.UDP_DPORT] = c.UDP_PORT_BASE.to_bytes(2, "big")
+        elif kind == 4:  # not IPv4 at all
+            ether_type = int(rng.choice([0x86DD, 0x0806, 0x88CC]))
+            frame[wire.ETH_TYPE : wire.ETH_TYPE + 2] = ether_type.to_bytes(2, "big")
+        if rng.random() < 0.1:
+            frame = frame[: int(rng.integers(0, len(frame) + 1))]
+        return bytes(frame), int(rng.integers(1, 10))
+
+    def frame(self) -> tuple[bytes, int]:
+        j = int(self.rng.integers(len(self.jobs)))
+        draw = self.rng.random()
+        choices: list[tuple[float, Callable[[], tuple[bytes, int]]]] = [
+            (0.55, lambda: self.valid(j)), (0.65, lambda: self.repeat(j)),
+            (0.70, lambda: self.repeat(j, int(self.rng.choice([-2, -1, 1, 2])))),
+            (0.85, lambda: self.broken_lhc(j)), (1.0, self.other),
+        ]
+        return next(make for bound, make in choices if draw < bound)()
+
+
+def test_native_matches_python_frame_for_frame_counter_for_counter():
+    twins = Twins()
+    layouts = configure(twins)
+    traffic = Traffic(20261125, layouts)
+    for _ in range(20):  # no pipeline committed: both forward nothing and count nothing
+        assert twins.step(*traffic.frame()) == []
+    twins.configure()
+    kinds: dict[int, int] = {}
+    for step in range(STEPS):
+        if step % 1500 == 1499:  # a P4Runtime write between frames: job 11 moves to a new epoch
+            layouts[0] = dataclasses.replace(layouts[0], epoch=layouts[0].epoch + 1)
+            twins.write(job_updates(INDEX, layouts[0], p4v1.Update.MODIFY))
+            traffic.pending[0].clear()
+        for port, _ in twins.step(*traffic.frame()):
+            kinds[port] = kinds.get(port, 0) + 1
+        if step % 500 == 0:
+            assert twins.state_differs() == [], f"state differs after step {step}"
+    assert twins.divergences == []
+    assert twins.state_differs() == []
+    # The run reached every outcome, in the rows of every job, and forwarded on many ports.
+    outcomes = twins.python.stats_packets.reshape(-1, c.NUM_STATS)[:, : len(c.Stat)].sum(axis=0)
+    assert all(outcomes), dict(zip([s.name for s in c.Stat], outcomes.tolist(), strict=True))
+    assert len(kinds) >= 5
+
+
+def test_native_inject_refuses_an_oversized_frame_like_python():
+    twins = Twins()
+    with pytest.raises(ValueError, match="exceeds the receive buffer"):
+        twins.native.inject(bytes(70000), 1)
+
+
+def test_a_broken_entry_raises_in_both():
+    """An entry of a table the pipeline unpacks with the wrong arity raises in both (the data plane then
+    loses that frame and counts it)."""
+    twins = Twins()
+    twins.configure()
+    job = make_job(11, 2, 2)
+    twins.write(job_updates(INDEX, job))
+    for pipeline in (twins.python, twins.state):
+        pipeline.jobs.entries[11] = ("LhcIngress.set_job", 2)
+    frame = data_frame(job, 0, np.zeros(c.LANES, np.uint32))
+    with pytest.raises(ValueError):
+        twins.python.inject(frame, 1)
+    with pytest.raises(ValueError):
+        twins.native.inject(frame, 1)
+
+
+def test_udp_bursts_match_the_python_port_and_pipeline():
+    """The burst path (recvmmsg, synthesized headers, send queues, GSO runs) against UdpPort and
+    Pipeline.process: the same datagrams into a port of each give the same datagrams to every rank, in
+    the same order per rank, and the same counters and registers."""
+    twins = Twins()
+    twins.configure()
+    ranks = [[socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)] for _ in range(2)]
+    for sock in (s for side in ranks for s in side):
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(3)
+    ports = [UdpPort(PortSpec(1, host="127.0.0.1", udp_port=0), pipeline.rx)
+             for pipeline in (twins.python, twins.state)]
+    twins.native.attach(ports[1])
+    jobs_ = []
+    for side, pipeline in zip(ranks, (twins.python, twins.state), strict=True):
+        members = [WorkerEndpoint(r, "127.0.0.1", s.getsockname()[1], "02:00:00:00:00:01", 1)
+                   for r, s in enumerate(side)]
+        job = make_job(21, 3, members, slot_count=4, epoch=3)
+        entities = Entities(pipeline, INDEX.p4info)
+        for up in job_updates(INDEX, job):
+            entities.write(up)
+        jobs_.append(job)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sender.bind(("127.0.0.1", 0))
+    rng = np.random.default_rng(7)
+    datagrams = []
+    for p in range(24):  # rounds, repeats of finished rounds (RETX to the sender) and junk
+        for rank in rng.permutation(3):
+            words = rng.integers(0, 1 << 32, c.LANES, dtype=np.uint64).astype(np.uint32)
+            datagrams.append(data_packet(jobs_[0], int(rank), words, **position(jobs_[0], p)))
+        datagrams += [datagrams[-2], rng.bytes(int(rng.integers(0, 300)))]
+    try:
+        for datagram in datagrams:
+            for port in ports:
+                sender.sendto(datagram, port.address)
+        select.select([ports[1]], [], [], 3)
+        while (length := ports[0].receive()) >= 0:
+            twins.python.process(length, 1, lambda _, frame: ports[0].send(frame))
+        ports[0].flush()
+        processed = 0
+        while processed < len(datagrams):
+            got = twins.native.burst(1)
+            twins.native.flush()
+            assert got or select.select([ports[1]], [], [], 3)[0], "datagrams did not arrive"
+            processed += got
+        assert twins.state_differs() == []
+        assert twins.native.port_counters()[1] == {"frames_in": len(datagrams), "dropped_non_udp": 0,
+                                                   "send_errors": 0}
+        for python_rank, native_rank in zip(*ranks, strict=True):
+            expected = [python_rank.recv(2048) for _ in range(24)]
+            assert [native_rank.recv(2048) for _ in range(24)] == expected
+        replies = [sender.recvfrom(2048) for _ in range(2 * 24)]  # each repeat's RESULT_RETX, to its sender
+        by_port = [[data for data, source in replies if source == port.address] for port in ports]
+        assert len(by_port[0]) == 24 and by_port[1] == by_port[0]
+    finally:
+        for sock in [sender, *ports, *(s for side in ranks for s in side)]:
+            sock.close()
+
+
+def test_the_layout_gives_the_c_code_exactly_the_numbers_it_names():
+    """Every number the C files use comes from native.layout() (the project's constants), and layout()
+    passes nothing the C files do not name."""
+    header = (Path(__file__).resolve().parent.parent / "softswitch" / "_dataplane.h").read_text()
+    block = header[header.index("#define LAYOUT_FIELDS(X)") : header.index("typedef struct {")]
+    named = set(re.findall(r"X\((\w+)\)", block))
+    assert set(layout(Pipeline(INDEX), 64)) == named
