@@ -6,15 +6,15 @@
 
 Once gRPC listens and every port is open, one line goes to stdout (flushed), e.g.
 
-    lhc-softswitch ready: grpc=127.0.0.1:9559 device_id=1 ports=1@veth1,2@127.0.0.1:19520/udp pipeline=native
-    tls=plaintext
+    lhc-softswitch ready: grpc=127.0.0.1:9559 device_id=1 tls=plaintext ports=1@veth1,2@127.0.0.1:19520/udp
+    pipeline=native
 
-with the ports actually bound (``--grpc-addr 127.0.0.1:0`` picks a free port; a UDP port 0 the first free
-one of the lhc range, and a UDP port outside that range is refused), the pipeline that runs (native by
-default where softswitch/_dataplane.c was built, python otherwise) and how P4Runtime is served:
-``plaintext``, ``tls`` (``--tls-cert``/``--tls-key``) or ``mutual`` (and ``--tls-ca``: only controllers
-whose certificate it signed get in). Harnesses wait for it. Logs go to stderr. If the data plane's thread
-dies, the process logs it and exits with status 1.
+with how P4Runtime is served (``plaintext``, ``tls`` with ``--tls-cert``/``--tls-key``, or ``mutual`` with
+``--tls-ca`` too: only controllers whose certificate it signed get in), the ports actually bound
+(``--grpc-addr 127.0.0.1:0`` picks a free port; a UDP port 0 the first free one of the lhc range, and a UDP
+port outside that range is refused) and the pipeline that runs (native by default where
+softswitch/_dataplane.c was built, python otherwise). Harnesses wait for it. Logs go to stderr. If the
+data plane's thread dies, the process logs it and exits with status 1.
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     host = args.grpc_addr.rsplit(":", 1)[0]
     described = ",".join(port.spec.describe() for port in ports) or "none"
-    print(f"{READY} grpc={host}:{grpc_port} device_id={args.device_id} ports={described} pipeline={kind} "
-          f"tls={tls_mode}", flush=True)
+    print(f"{READY} grpc={host}:{grpc_port} device_id={args.device_id} tls={tls_mode} ports={described} "
+          f"pipeline={kind}", flush=True)
     while not stop.wait(0.5):
         pass
     log.info("stopping: %d frames received, %d raised, %d socket errors", dataplane.frames_in,
