@@ -1,18 +1,23 @@
 """``lhc-controller``: run the controller, or drive a running one.
 
     lhc-controller serve --switch ADDR --target T --listen ADDR --state-dir DIR [--topology F] ...
-    lhc-controller [--controller ADDR] [--token-file F] [--json] job create NAME --workers W [--slots N]
+    lhc-controller [--controller ADDR] [--token-file F] [--tls-ca PEM] [--json] job create NAME --workers W
     lhc-controller ... job list | job show NAME | job delete NAME | switch status
 
+``--token-file`` (default ``$LHC_TOKEN_FILE``) holds the operator's token or a job credential; ``--tls-ca``
+and the other TLS flags default to ``LHC_TLS_*`` (``lhc_ina.tls``). ``job create`` shows the new job's
+credential once (or writes it to ``--credential-file``).
+
 Exit codes: 0 done; 2 bad usage or request (INVALID_ARGUMENT); 3 no such job (NOT_FOUND); 4 refused
-(ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION); 5 unauthenticated; 6 controller unreachable;
-7 (switch status) the controller is not the switch's connected primary, or the switch runs another
-pipeline; 1 anything else.
+(ALREADY_EXISTS, RESOURCE_EXHAUSTED, FAILED_PRECONDITION); 5 unauthenticated or not allowed
+(UNAUTHENTICATED, PERMISSION_DENIED); 6 controller unreachable; 7 (switch status) the controller is not
+the switch's connected primary, or the switch runs another pipeline; 1 anything else.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -20,8 +25,9 @@ import grpc
 from google.protobuf import json_format
 
 from controller.server import add_serve_arguments, serve
+from lhc_ina import tls
 from lhc_ina.jobservice import jobservice_pb2 as pb
-from lhc_ina.jobservice.client import DEFAULT_CONTROLLER, JobClient
+from lhc_ina.jobservice.client import DEFAULT_CONTROLLER, TOKEN_FILE_ENV, JobClient, read_token
 from lhc_ina.jobservice.errors import ControllerError
 
 _EXIT = {
@@ -31,6 +37,7 @@ _EXIT = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: 4,
     grpc.StatusCode.FAILED_PRECONDITION: 4,
     grpc.StatusCode.UNAUTHENTICATED: 5,
+    grpc.StatusCode.PERMISSION_DENIED: 5,
     grpc.StatusCode.UNAVAILABLE: 6,
     grpc.StatusCode.DEADLINE_EXCEEDED: 6,
 }
@@ -51,8 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-file",
         type=Path,
         dest="client_token_file",
-        help="shared token file, when the controller requires one",
+        default=os.environ.get(TOKEN_FILE_ENV) or None,
+        help=f"the operator's token or a job credential, if the controller needs one (env {TOKEN_FILE_ENV})",
     )
+    tls.add_arguments(parser, dest_prefix="client_tls", role={
+        "ca": "signed the controller's certificate: with it, the job service is reached over TLS",
+        "cert": "shown to the controller when it asks",
+        "server_name": "the name in the controller's certificate, when not the --controller host",
+    })
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_arguments(sub.add_parser("serve", help="run the controller"))
@@ -66,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--join-timeout", type=float, default=0.0)
     create.add_argument("--heartbeat-timeout", type=float, default=0.0)
     create.add_argument("--hosts", default="", help="the W workers by name, in rank order: h1,h2,...")
+    create.add_argument("--credential-file", type=Path,
+                        help="write the job's credential to this file (mode 0600) instead of showing it")
     job.add_parser("list", help="all jobs")
     job.add_parser("show", help="one job, with its members and switch counters").add_argument("name")
     job.add_parser("delete", help="delete a job and free its slots").add_argument("name")
@@ -141,9 +156,22 @@ def _print(args: argparse.Namespace, message, text: str) -> None:
         print(text)
 
 
+def _hand_over(args: argparse.Namespace, info: pb.JobInfo) -> str:
+    """The line that shows the new job's credential, once; with --credential-file it goes there instead
+    (created 0600, never overwriting a file) and leaves the printed reply."""
+    credential = info.job_credential
+    if args.credential_file is None:
+        return f"job credential (shown once; hand it to the job's workers): {credential}"
+    fd = os.open(args.credential_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(credential + "\n")
+    info.job_credential = ""
+    return f"job credential written to {args.credential_file}"
+
+
 def run_client(args: argparse.Namespace) -> int:
-    token = args.client_token_file.read_text().strip() if args.client_token_file else None
-    with JobClient(args.controller, token=token) as client:
+    token = read_token(args.client_token_file) if args.client_token_file else None
+    with JobClient(args.controller, token=token, tls=tls.from_args(args, "client_tls")) as client:
         if args.command == "switch":
             s = client.switch_status()
             text = (
@@ -165,7 +193,8 @@ def run_client(args: argparse.Namespace) -> int:
                 heartbeat_timeout_s=args.heartbeat_timeout,
                 hosts=[h for h in args.hosts.split(",") if h],
             )
-            _print(args, info, _show(info))
+            handed = _hand_over(args, info)
+            _print(args, info, f"{_show(info)}\n{handed}")
         elif args.action == "list":
             jobs = client.list_jobs()
             _print(args, pb.ListJobsReply(jobs=jobs), _job_rows(jobs) if jobs else "no jobs")
@@ -187,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     except ControllerError as exc:
         print(f"lhc-controller: {pb_code(exc)}: {exc.message}", file=sys.stderr)
         return _EXIT.get(exc.code, 1)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # a credential or certificate file (TlsError is a ValueError)
         print(f"lhc-controller: {exc}", file=sys.stderr)
         return 2
 

@@ -2,7 +2,9 @@
 the demo, the benchmarks and the tests (which add BMv2, ``tests/harness/bmv2.py``).
 
 Both run as ``sys.executable -m ...`` so the checkout's code runs, wait for their ready line, and bind
-free ports (gRPC port 0; softswitch's lhc port on a random 127.x.y.z, inside the lhc port range).
+free ports (gRPC port 0; softswitch's lhc port on a random 127.x.y.z, inside the lhc port range). They
+get TLS and credentials from their arguments only: the ``LHC_TLS_*`` and ``LHC_TOKEN_FILE`` variables of
+the caller's environment are not passed on, so a shell set up for a real network leaves them as asked.
 
     with SoftswitchProcess() as switch, ControllerProcess(switch, state_dir) as ctl:
         ctl.client.create_job("j", workers=2) ...
@@ -22,10 +24,13 @@ from pathlib import Path
 
 from controller.server import READY as CONTROLLER_READY
 from lhc_ina import constants as c
-from lhc_ina.jobservice.client import JobClient
+from lhc_ina.jobservice.client import TOKEN_FILE_ENV, JobClient
+from lhc_ina.tls import ENVIRONMENT as TLS_ENVIRONMENT
+from lhc_ina.tls import TlsConfig
 from softswitch.cli import READY as SWITCH_READY
 
 _REPO = Path(__file__).resolve().parent.parent
+_NOT_INHERITED = {*TLS_ENVIRONMENT.values(), TOKEN_FILE_ENV}
 
 
 def _fields(line: str, ready: str) -> dict[str, str]:
@@ -36,7 +41,8 @@ class ChildProcess:
     """A child process whose ready line is awaited and whose stderr is collected in the background."""
 
     def _spawn(self, argv: list[str], ready: str, timeout: float = 60.0) -> dict[str, str]:
-        env = dict(os.environ, PYTHONPATH=str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
+        env["PYTHONPATH"] = str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
@@ -77,13 +83,16 @@ def _random_loopback() -> str:
 
 
 class SoftswitchProcess(ChildProcess):
-    """``lhc-softswitch --udp 1@HOST:19520`` on a random loopback HOST; ``restart`` keeps its addresses."""
+    """``lhc-softswitch --udp 1@HOST:19520`` on a random loopback HOST; ``restart`` keeps its addresses.
+    ``args``: more of its arguments (``--tls-cert`` ...)."""
 
     target = "softswitch"
     moves_udp = True
 
-    def __init__(self, grpc_port: int = 0, host: str | None = None, pipeline: str | None = None) -> None:
+    def __init__(self, grpc_port: int = 0, host: str | None = None, pipeline: str | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.pipeline = pipeline  # softswitch's --pipeline (native or python); None: its default
+        self.args = args
         self.udp_port = c.UDP_PORT_BASE
         self.switch_port = 1
         for attempt in range(5):  # another run may hold the lhc port on the random address: pick again
@@ -97,10 +106,12 @@ class SoftswitchProcess(ChildProcess):
 
     def _start(self, grpc_port: int) -> None:
         udp = f"{self.switch_port}@{self.host}:{self.udp_port}"
-        argv = ["softswitch.cli", "--grpc-addr", f"127.0.0.1:{grpc_port}", "--udp", udp, "--log-level=INFO"]
+        argv = ["softswitch.cli", "--grpc-addr", f"127.0.0.1:{grpc_port}", "--udp", udp, "--log-level=INFO",
+                *self.args]
         if self.pipeline:
             argv += ["--pipeline", self.pipeline]
-        self.grpc_addr = self._spawn(argv, SWITCH_READY)["grpc"]
+        fields = self._spawn(argv, SWITCH_READY)
+        self.grpc_addr, self.tls = fields["grpc"], fields["tls"]
 
     @property
     def dataplane(self) -> str:
@@ -130,7 +141,8 @@ def free_tcp_port() -> int:
 
 
 class ControllerProcess(ChildProcess):
-    """``lhc-controller serve`` against ``switch`` with its state in ``state_dir``; ``client`` talks to it."""
+    """``lhc-controller serve`` against ``switch`` with its state in ``state_dir``; ``client`` talks to it
+    with ``token`` and, given, ``tls`` (whose CA verifies the job service's certificate)."""
 
     def __init__(
         self,
@@ -139,6 +151,7 @@ class ControllerProcess(ChildProcess):
         *extra: str,
         election_id: int = 1,
         token: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         argv = ["controller.cli", "serve", "--switch", switch.grpc_addr, "--target", switch.target,
                 "--listen", "127.0.0.1:0", "--state-dir", str(state_dir), "--dataplane", switch.dataplane,
@@ -148,7 +161,8 @@ class ControllerProcess(ChildProcess):
         fields = self._spawn([*argv, *extra], CONTROLLER_READY)
         self.listen = fields["listen"]
         self.metrics = fields.get("metrics")
-        self.client = JobClient(self.listen, token=token)
+        self.ready = fields
+        self.client = JobClient(self.listen, token=token, tls=tls)
 
     def wait_for_switch(self, primary: bool = True, timeout: float = 60.0) -> None:
         """Until the controller has reconciled the switch as primary (or observed it as a backup)."""

@@ -4,8 +4,11 @@ Once the job service listens, one line goes to stdout (flushed), e.g.
 
     lhc-controller ready: listen=127.0.0.1:9560 switch=127.0.0.1:9559 target=softswitch election_id=1
     dataplane=127.0.0.1:19520 state=/home/u/.local/state/lhc-controller/controller.sqlite3
+    tls=plaintext switch_tls=plaintext auth=open
 
 with the bound addresses (port 0 picks a free one); harnesses wait for it. SIGINT/SIGTERM stop it cleanly.
+``tls`` is how the job service is served, ``switch_tls`` how the switch is dialled (``plaintext``, ``tls``
+or ``mutual``), ``auth`` ``open`` (no --token-file: every caller is the operator) or ``credentials``.
 """
 
 from __future__ import annotations
@@ -22,15 +25,18 @@ from pathlib import Path
 
 import grpc
 
+from controller.auth import Authority
 from controller.integrity import store_problems
 from controller.liveness import Liveness
 from controller.metrics import serve_metrics
-from controller.service import Changes, JobService, TokenAuth
+from controller.service import JobService
 from controller.session import SwitchSession
 from controller.store import DB_NAME, JobStore, default_state_dir
 from controller.targets import TARGETS, load_target
 from controller.topology import Topology, load_topology
+from controller.watches import Changes, WatchLimits
 from lhc_ina import constants as c
+from lhc_ina import tls
 from lhc_ina.jobservice import errors
 from lhc_ina.jobservice import jobservice_pb2_grpc as pb_grpc
 from lhc_ina.jobservice.errors import ControllerError
@@ -38,8 +44,13 @@ from lhc_ina.jobservice.errors import ControllerError
 log = logging.getLogger("lhc-controller")
 READY = "lhc-controller ready:"
 DEFAULT_LISTEN = "127.0.0.1:9560"
-#: Server threads: each open Watch stream holds one, so there is room for every worker of several jobs.
+#: Server threads: each open Watch stream holds one, so there is room for every worker of several jobs;
+#: watches may hold all but ``_UNARY_THREADS`` of them.
 _RPC_THREADS = 256
+_UNARY_THREADS = 64
+#: The server pings idle connections, so that a client that vanished (host down, no FIN) is noticed and
+#: its Watch's thread released within about half a minute.
+_KEEPALIVE = (("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000))
 _DATAPLANE = re.compile(r"^(?:(\d+)@)?([0-9.]+)(?::(\d+))?$")
 
 
@@ -61,7 +72,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--election-id", type=int, default=1, help="higher wins primaryship")
     parser.add_argument("--p4info", type=Path, help="override the target's P4Info")
     parser.add_argument("--device-config", type=Path, help="override the target's device config")
-    parser.add_argument("--token-file", type=Path, help="require this shared token on every job call")
+    parser.add_argument(
+        "--token-file", type=Path,
+        help="the operator's token: every call must carry it or a job credential (without it: open, "
+        "every caller is the operator; for loopback)",
+    )
+    tls.add_arguments(parser, role={
+        "ca": "sign the switch's certificate: with it, P4Runtime goes over TLS",
+        "cert": "the job service is served with (TLS), also shown to the switch (mutual TLS)",
+        "server_name": "the name in the switch's certificate, when not the --switch host",
+    })
+    parser.add_argument("--watch-limit", type=float, default=300.0,
+                        help="seconds a Watch stream lives before the client must open another (%(default)s)")
+    parser.add_argument("--max-watches", type=int, default=64,
+                        help="Watch streams open at once per credential and job (%(default)s)")
     parser.add_argument("--metrics-addr", help="serve Prometheus metrics on HOST:PORT")
     parser.add_argument("--join-timeout", type=float, default=120.0, help="default seconds to join")
     parser.add_argument("--heartbeat-timeout", type=float, default=15.0, help="default heartbeat timeout")
@@ -95,6 +119,10 @@ class Controller:
     """Everything ``serve`` runs, startable and stoppable in-process (tests use it too)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        self.tls = tls.from_args(args)
+        token = args.token_file.read_text().strip() if args.token_file else None
+        if args.token_file and not token:
+            raise errors.invalid(f"--token-file {args.token_file} is empty")
         self.topology = load_topology(args.topology) if args.topology else None
         dataplane = parse_dataplane(args.dataplane, self.topology)
         self.target = load_target(args.target, args.p4info, args.device_config)
@@ -104,6 +132,7 @@ class Controller:
         if problems:
             self.store.close()
             raise errors.precondition(f"{self.store.path} is inconsistent: " + "; ".join(problems))
+        self.authority = Authority(self.store, token)
         self.changes = Changes()
         self.session = SwitchSession(
             args.switch,
@@ -114,6 +143,7 @@ class Controller:
             election_id=args.election_id,
             reconcile_interval=args.reconcile_interval,
             on_change=self.changes.notify,
+            tls=self.tls,
         )
         self.liveness = Liveness(
             self.store, enabled=lambda: self.session.status.primary, on_failed=self._failed,
@@ -129,17 +159,19 @@ class Controller:
             join_timeout_s=args.join_timeout,
             heartbeat_timeout_s=args.heartbeat_timeout,
             changes=self.changes,
+            authority=self.authority,
+            watch_limits=WatchLimits(args.max_watches, _RPC_THREADS - _UNARY_THREADS, args.watch_limit),
         )
-        interceptors = []
-        if args.token_file:
-            token = args.token_file.read_text().strip()
-            if not token:
-                raise errors.invalid(f"--token-file {args.token_file} is empty")
-            interceptors.append(TokenAuth(token))
+        if self.authority.open and not tls.is_loopback(args.listen):
+            log.warning("no --token-file and listening on %s, which is not loopback: anyone who reaches it "
+                        "may create, join and delete any job", args.listen)
         pool = futures.ThreadPoolExecutor(max_workers=_RPC_THREADS)
-        self.grpc = grpc.server(pool, interceptors=interceptors)
+        self.grpc = grpc.server(pool, options=_KEEPALIVE)
         pb_grpc.add_JobServiceServicer_to_server(self.service, self.grpc)
-        self.port = self.grpc.add_insecure_port(args.listen)
+        try:
+            self.port = tls.add_port(self.grpc, args.listen, self.tls)
+        except RuntimeError:
+            self.port = 0
         if not self.port:
             raise ControllerError(grpc.StatusCode.UNAVAILABLE, f"cannot listen on {args.listen}")
         self.listen = f"{args.listen.rpartition(':')[0]}:{self.port}"
@@ -180,7 +212,9 @@ class Controller:
         return (
             f"{READY} listen={self.listen} switch={self.session.address} target={self.target.name} "
             f"election_id={self.session.election_id} dataplane={self.dataplane[0]}:{self.dataplane[1]} "
-            f"state={self.store.path}{metrics}"
+            f"state={self.store.path}{metrics} tls={tls.mode(self.tls, server=True)} "
+            f"switch_tls={tls.mode(self.tls, server=False)} "
+            f"auth={'open' if self.authority.open else 'credentials'}"
         )
 
 
@@ -193,6 +227,9 @@ def serve(args: argparse.Namespace) -> int:
     except ControllerError as exc:
         print(f"lhc-controller: {exc}", file=sys.stderr)
         return 2 if exc.code == grpc.StatusCode.INVALID_ARGUMENT else 1
+    except (tls.TlsError, OSError) as exc:
+        print(f"lhc-controller: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

@@ -1,26 +1,30 @@
-"""The gRPC job service: requests checked, turned into store transactions, answered with the job's state.
+"""The gRPC job service: callers authenticated, requests checked, turned into store transactions,
+answered with the job's state.
 
-Every store change wakes the switch session (the switch follows the store) and every Watch stream. The
-JoinJob that completes a job waits (briefly) for the entries to reach the switch, so its reply can
-already say ``installed``; the other workers see it through Watch or Heartbeat.
+Every RPC first learns who calls (``controller.auth``: the operator, or one job's workers) and refuses
+what that caller may not do with PERMISSION_DENIED, before it touches the store. Every store change wakes
+the switch session (the switch follows the store) and every Watch stream. The JoinJob that completes a
+job waits (briefly) for the entries to reach the switch, so its reply can already say ``installed``; the
+other workers see it through Watch or Heartbeat.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 
 import grpc
 
-from controller import admission
+from controller import admission, auth, watches
+from controller.auth import Authority, Caller
 from controller.liveness import Liveness
 from controller.records import JobRecord, JobState
 from controller.session import SwitchSession
 from controller.store import JobStore
 from controller.targets import Target
 from controller.topology import Topology
+from controller.watches import Changes, WatchLimits
 from lhc_ina import constants as c
 from lhc_ina.jobservice import errors
 from lhc_ina.jobservice import jobservice_pb2 as pb
@@ -30,30 +34,12 @@ from lhc_ina.jobservice.errors import ControllerError
 log = logging.getLogger("lhc-controller.jobs")
 
 
-class Changes:
-    """A version number and a condition: watchers wait for the next change of anything."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self.version = 0
-
-    def notify(self) -> None:
-        with self._cond:
-            self.version += 1
-            self._cond.notify_all()
-
-    def wait(self, seen: int, timeout: float) -> int:
-        with self._cond:
-            self._cond.wait_for(lambda: self.version != seen, timeout)
-            return self.version
-
-
 def _rpc(method: Callable) -> Callable:
-    """Turn a ControllerError into the RPC's status, with its message."""
+    """Authenticate the caller, pass it on, and turn a ControllerError into the RPC's status."""
 
-    def wrapper(self, request, context):
+    def wrapper(self: JobService, request, context):
         try:
-            return method(self, request, context)
+            return method(self, request, context, self.authority.caller(context))
         except ControllerError as exc:
             context.abort(exc.code, exc.message)
 
@@ -75,9 +61,13 @@ class JobService(pb_grpc.JobServiceServicer):
         join_timeout_s: float,
         heartbeat_timeout_s: float,
         changes: Changes,
+        authority: Authority,
+        watch_limits: WatchLimits,
         install_wait_s: float = 5.0,
     ) -> None:
         self.store = store
+        self.authority = authority
+        self.watch_limits = watch_limits
         self.session = session
         self.liveness = liveness
         self.target = target
@@ -92,6 +82,21 @@ class JobService(pb_grpc.JobServiceServicer):
     def _changed(self) -> None:
         self.session.request_reconcile()
         self.changes.notify()
+
+    def _job(self, caller: Caller, ref: str, action: str) -> JobRecord:
+        """Job ``ref`` if ``caller`` may ``action`` it: the operator any job, a job credential its own. A
+        refusal does not tell whether ``ref`` exists."""
+        if caller.operator:
+            return self.store.job(ref)
+        own = self.store.job(str(caller.job_id))
+        if ref not in (own.name, str(own.job_id)):
+            raise auth.denied(f"this credential is job {own.name!r}'s: it may not {action} job {ref!r}")
+        return own
+
+    def _ref(self, caller: Caller, ref: str, action: str) -> str:
+        """``ref`` for the store's own lookup inside its transaction: as given for the operator, the
+        (checked) job id for a job credential."""
+        return ref if caller.operator else str(self._job(caller, ref, action).job_id)
 
     def _require_primary(self) -> None:
         status = self.session.status
@@ -146,11 +151,13 @@ class JobService(pb_grpc.JobServiceServicer):
 
     # -- RPCs --
     @_rpc
-    def CreateJob(self, request: pb.CreateJobRequest, context) -> pb.JobInfo:
+    def CreateJob(self, request: pb.CreateJobRequest, context, caller: Caller) -> pb.JobInfo:
+        auth.require_operator(caller, "creating a job")
         self._require_primary()
         slots, lanes = admission.check_job_request(
             request.name, request.workers, request.slots, request.lanes
         )
+        secret, digest = auth.mint()
         job = self.store.create_job(
             request.name,
             request.workers,
@@ -160,6 +167,7 @@ class JobService(pb_grpc.JobServiceServicer):
             request.heartbeat_timeout_s or self.heartbeat_timeout_s,
             time.time(),
             admission.check_hosts(request.name, request.workers, list(request.hosts), self.topology),
+            credential_digest=digest,
         )
         log.info(
             "job %r created: id %d, slots %d..%d, epoch %d",
@@ -170,27 +178,28 @@ class JobService(pb_grpc.JobServiceServicer):
             job.epoch,
         )
         self._changed()
-        return self.info(job)
+        info = self.info(job)
+        info.job_credential = auth.job_credential(job.job_id, secret)  # this reply only, never logged
+        return info
 
     @_rpc
-    def JoinJob(self, request: pb.JoinJobRequest, context) -> pb.JoinJobReply:
+    def JoinJob(self, request: pb.JoinJobRequest, context, caller: Caller) -> pb.JoinJobReply:
+        ref = self._ref(caller, request.job, "join")
         self._require_primary()
         a = request.address
-        member = admission.resolve_member(
-            request.name,
-            a.host,
-            a.ip,
-            a.udp_port,
-            a.mac,
-            a.switch_port if a.host or a.ip else -1,
-            self.topology,
-            self.default_port,
-        )
+        port = a.switch_port if a.host or a.ip else -1
+        member = self._resolve(request.name, a, a.mac, port)
+        if not caller.operator:
+            try:
+                chose_link = member != self._resolve(request.name, a, "", -1)
+            except ControllerError:  # no default port: the request named one
+                chose_link = True
+            auth.check_join_address(caller, member, self.topology, chose_link)
         job, rank = self.store.join(
-            request.job, member, lambda job, new: admission.check_member(job, new, self.target)
+            ref, member, lambda job, new: admission.check_member(job, new, self.target)
         )
         self.liveness.beat(job.job_id, rank)
-        log.info("job %r: rank %d joined from %s", job.name, rank, member.address)
+        log.info("job %r: rank %d joined from %s (peer %s)", job.name, rank, member.address, caller.peer)
         self._changed()
         if job.state is JobState.ACTIVE:
             self.session.sync(self.install_wait_s)
@@ -209,10 +218,16 @@ class JobService(pb_grpc.JobServiceServicer):
             job=info,
         )
 
+    def _resolve(self, name: str, a: pb.WorkerAddress, mac: str, port: int):
+        return admission.resolve_member(
+            name, a.host, a.ip, a.udp_port, mac, port, self.topology, self.default_port
+        )
+
     @_rpc
-    def LeaveJob(self, request: pb.LeaveJobRequest, context) -> pb.LeaveJobReply:
+    def LeaveJob(self, request: pb.LeaveJobRequest, context, caller: Caller) -> pb.LeaveJobReply:
+        ref = self._ref(caller, request.job, "leave")
         self._require_primary()
-        ended = self.store.leave(request.job, request.rank)
+        ended = self.store.leave(ref, request.rank)
         log.info("job %r: rank %d left%s", request.job, request.rank, "; job ended" if ended else "")
         self._changed()
         if ended:
@@ -220,7 +235,8 @@ class JobService(pb_grpc.JobServiceServicer):
         return pb.LeaveJobReply(job_ended=ended)
 
     @_rpc
-    def DeleteJob(self, request: pb.DeleteJobRequest, context) -> pb.DeleteJobReply:
+    def DeleteJob(self, request: pb.DeleteJobRequest, context, caller: Caller) -> pb.DeleteJobReply:
+        auth.require_operator(caller, "deleting a job")
         self._require_primary()
         job = self.store.delete(request.job)
         log.info(
@@ -231,16 +247,19 @@ class JobService(pb_grpc.JobServiceServicer):
         return pb.DeleteJobReply()
 
     @_rpc
-    def ListJobs(self, request: pb.ListJobsRequest, context) -> pb.ListJobsReply:
-        return pb.ListJobsReply(jobs=[self.info(job) for job in self.store.jobs()])
+    def ListJobs(self, request: pb.ListJobsRequest, context, caller: Caller) -> pb.ListJobsReply:
+        """Every job for the operator; a job credential sees its own job only."""
+        jobs = self.store.jobs()
+        visible = jobs if caller.operator else [j for j in jobs if j.job_id == caller.job_id]
+        return pb.ListJobsReply(jobs=[self.info(job) for job in visible])
 
     @_rpc
-    def JobStatus(self, request: pb.JobStatusRequest, context) -> pb.JobInfo:
-        return self.info(self.store.job(request.job), counters=True)
+    def JobStatus(self, request: pb.JobStatusRequest, context, caller: Caller) -> pb.JobInfo:
+        return self.info(self._job(caller, request.job, "read"), counters=True)
 
     @_rpc
-    def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.JobInfo:
-        job = self.store.job(request.job)
+    def Heartbeat(self, request: pb.HeartbeatRequest, context, caller: Caller) -> pb.JobInfo:
+        job = self._job(caller, request.job, "heartbeat for")
         if job.member(request.rank) is None:
             raise errors.not_found(f"job {job.name!r} has no rank {request.rank}")
         self.liveness.beat(job.job_id, request.rank)
@@ -248,30 +267,27 @@ class JobService(pb_grpc.JobServiceServicer):
 
     def Watch(self, request: pb.WatchRequest, context) -> Iterator[pb.JobInfo]:
         try:
-            job_id = self.store.job(request.job).job_id
+            caller = self.authority.caller(context)
+            job_id = self._job(caller, request.job, "watch").job_id
+            held = self.watch_limits.acquire(caller.key, job_id)
         except ControllerError as exc:
             context.abort(exc.code, exc.message)
-        last = None
-        seen = self.changes.version
-        while context.is_active():
-            try:
-                info = self.info(self.store.job(str(job_id)))
-            except ControllerError:
-                return  # deleted: the stream ends OK
-            key = (
-                info.state,
-                info.epoch,
-                info.installed,
-                info.failure,
-                tuple((m.rank, m.left) for m in info.members),
+        try:
+            yield from watches.stream(
+                lambda: self._watched(job_id), self.changes, context, self.watch_limits.max_seconds
             )
-            if key != last:
-                last = key
-                yield info
-            seen = self.changes.wait(seen, 1.0)
+        finally:
+            self.watch_limits.release(held)
+
+    def _watched(self, job_id: int) -> pb.JobInfo | None:
+        try:
+            return self.info(self.store.job(str(job_id)))
+        except ControllerError:
+            return None  # deleted: the stream ends OK
 
     @_rpc
-    def SwitchStatus(self, request: pb.SwitchStatusRequest, context) -> pb.SwitchStatusReply:
+    def SwitchStatus(self, request: pb.SwitchStatusRequest, context, caller: Caller) -> pb.SwitchStatusReply:
+        auth.require_operator(caller, "reading the switch's status")
         s = self.session.status
         free, total = self.store.slot_usage()
         return pb.SwitchStatusReply(
@@ -288,26 +304,3 @@ class JobService(pb_grpc.JobServiceServicer):
             slots_total=total,
             dataplane=f"{self.switch_ip}:{self.switch_udp_port}",
         )
-
-
-class TokenAuth(grpc.ServerInterceptor):
-    """Shared-token auth: every call must carry metadata ``lhc-token`` equal to the token."""
-
-    def __init__(self, token: str) -> None:
-        self.token = token
-
-        def refuse(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong lhc-token (see --token-file)")
-
-        self._refusal = grpc.unary_unary_rpc_method_handler(refuse)
-        self._stream_refusal = grpc.unary_stream_rpc_method_handler(refuse)
-
-    def intercept_service(self, continuation, handler_call_details):
-        import hmac
-
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        if hmac.compare_digest(metadata.get("lhc-token", ""), self.token):
-            return continuation(handler_call_details)
-        if handler_call_details.method.endswith("/Watch"):
-            return self._stream_refusal
-        return self._refusal

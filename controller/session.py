@@ -31,6 +31,7 @@ from controller.targets import Target
 from controller.topology import Topology
 from lhc_ina import constants as c
 from lhc_ina.p4rt import P4RuntimeClient, P4RuntimeError
+from lhc_ina.tls import TlsConfig
 
 log = logging.getLogger("lhc-controller.switch")
 _SET = p4runtime_pb2.SetForwardingPipelineConfigRequest
@@ -65,8 +66,10 @@ class SwitchSession:
         reconcile_interval: float = 10.0,
         backoff: tuple[float, float] = (0.2, 5.0),
         on_change: Callable[[], None] = lambda: None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.address = address
+        self.tls = tls
         self.target = target
         self.store = store
         self.topology = topology
@@ -146,7 +149,7 @@ class SwitchSession:
         delay = self.backoff[0]
         while not self._stop.is_set():
             client = P4RuntimeClient(
-                self.address, self.device_id, self.election_id, self.target.p4info, timeout=5.0
+                self.address, self.device_id, self.election_id, self.target.p4info, timeout=5.0, tls=self.tls
             )
             client.on_arbitration = self._on_arbitration
             client.on_stream_lost = self._on_stream_lost

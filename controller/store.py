@@ -23,7 +23,7 @@ from controller.slots import SlotPool, SlotPoolError, SlotRange
 from lhc_ina import constants as c
 from lhc_ina.jobservice import errors
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DB_NAME = "controller.sqlite3"
 
 _SCHEMA = """
@@ -60,6 +60,13 @@ CREATE TABLE members (
 );
 -- Every epoch given to a slot range since the switch's registers were last reset (controller.epochs).
 CREATE TABLE slot_marks (first INTEGER NOT NULL, count INTEGER NOT NULL, epoch INTEGER NOT NULL);
+"""
+#: Version 2: each job's credential, as the SHA-256 of its secret (controller.auth); never the secret.
+_CREDENTIALS = """
+CREATE TABLE job_credentials (
+    job_id INTEGER PRIMARY KEY REFERENCES jobs (job_id) ON DELETE CASCADE,
+    digest TEXT NOT NULL
+)
 """
 
 _JOB_COLUMNS = (
@@ -121,6 +128,8 @@ class JobStore:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
+            if version in (0, 1):  # version 1's jobs have no credential: only the operator acts on them
+                db.execute(_CREDENTIALS)
             elif version != SCHEMA_VERSION:
                 raise errors.precondition(
                     f"{self.path}: schema version {version}, this controller reads {SCHEMA_VERSION}"
@@ -147,6 +156,12 @@ class JobStore:
         with self.snapshot() as db:
             return self._find(db, ref)
 
+    def credential_digest(self, job_id: int) -> str | None:
+        """The digest of job ``job_id``'s credential; None when the job is gone or predates credentials."""
+        with self.snapshot() as db:
+            row = db.execute("SELECT digest FROM job_credentials WHERE job_id = ?", (job_id,)).fetchone()
+            return None if row is None else row[0]
+
     def slot_usage(self) -> tuple[int, int]:
         """(free slots, total slots)."""
         with self._lock:
@@ -163,8 +178,10 @@ class JobStore:
         heartbeat_timeout_s: float,
         now: float,
         hosts: tuple[str, ...] = (),
+        credential_digest: str = "",
     ) -> JobRecord:
-        """Admit a job: id, counter row, slot range and a fresh epoch, in one transaction."""
+        """Admit a job: id, counter row, slot range, a fresh epoch and (given) its credential's digest, in
+        one transaction: no job is ever left without the credential its creator was handed."""
         with self.transaction() as db:
             if db.execute("SELECT 1 FROM jobs WHERE name = ?", (name,)).fetchone():
                 raise errors.exists(f"a job named {name!r} exists")
@@ -181,6 +198,9 @@ class JobStore:
             row = (job_id, name, JobState.PENDING.value, workers, chosen.base, chosen.count, lanes, job_index,
                    epoch, join_timeout_s, heartbeat_timeout_s, now, "", 0, ",".join(hosts))  # fmt: skip
             db.execute(f"INSERT INTO jobs ({_JOB_COLUMNS}) VALUES ({','.join('?' * len(row))})", row)
+            if credential_digest:
+                db.execute("INSERT INTO job_credentials (job_id, digest) VALUES (?, ?)",
+                           (job_id, credential_digest))
             return self._find(db, str(job_id))
 
     def join(

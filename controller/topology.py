@@ -6,7 +6,10 @@ JSON, e.g.::
      "hosts": [{"name": "h1", "ip": "10.0.0.1", "mac": "02:00:00:00:00:01", "port": 1}, ...]}
 
 From it the controller installs ``ipv4_routes`` (each host's /32) and ``l2_forward`` (each host's MAC),
-so ordinary traffic crosses the switch, and resolves a worker that joins by host name.
+so ordinary traffic crosses the switch, and resolves a worker that joins by host name. A host's optional
+``control_ips`` (e.g. ``["192.168.1.1"]``) are the addresses it reaches the controller from when that is not
+its data-plane ``ip`` (a management network): a join for that host with a job credential is accepted from
+them (``controller.auth``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class Host:
     ip: str
     mac: str
     port: int
+    control_ips: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,15 @@ def _ip(value: object, where: str) -> str:
         raise errors.invalid(f"{where}: {value!r} is not an IPv4 address") from None
 
 
+def _control_ips(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise errors.invalid(f"{where}: control_ips must be a list of IP addresses")
+    try:
+        return tuple(str(ipaddress.ip_address(str(v))) for v in value)
+    except ValueError as exc:
+        raise errors.invalid(f"{where}: control_ips: {exc}") from None
+
+
 def _mac(value: object, where: str) -> str:
     if not isinstance(value, str) or not _MAC.match(value):
         raise errors.invalid(f"{where}: {value!r} is not a MAC address (aa:bb:cc:dd:ee:ff)")
@@ -108,6 +121,7 @@ def parse_topology(data: dict) -> Topology:
             _ip(_field(item, "ip", f"host {name}"), f"host {name}"),
             _mac(_field(item, "mac", f"host {name}"), f"host {name}"),
             port,
+            _control_ips(item.get("control_ips", []), f"host {name}"),
         )
         for key in (name, host.ip, host.mac):
             if key in seen:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +20,9 @@ import torch
 
 from host_agent.agent import AGENT_MODES, Agent
 from host_agent.errors import AggregationError
-from lhc_ina.jobservice.client import DEFAULT_CONTROLLER
+from lhc_ina import tls
+from lhc_ina.jobservice.client import DEFAULT_CONTROLLER, TOKEN_FILE_ENV, read_token
+from lhc_ina.jobservice.errors import ControllerError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--job", required=True, help="the job to join")
     parser.add_argument("--ip", default="127.0.0.1", help="this worker's data-plane IPv4 (%(default)s)")
     parser.add_argument("--host", default="", help="join as this topology host instead of --ip")
-    parser.add_argument("--token-file", type=Path, help="the controller's shared token")
+    parser.add_argument("--token-file", type=Path, default=os.environ.get(TOKEN_FILE_ENV) or None,
+                        help=f"the job's credential (from `job create`; env {TOKEN_FILE_ENV})")
+    tls.add_arguments(parser, role={
+        "ca": "signed the controller's certificate: with it, the job service is reached over TLS",
+        "cert": "shown to the controller when it asks",
+        "server_name": "the name in the controller's certificate, when not the --controller host",
+    })
     parser.add_argument("--mode", choices=AGENT_MODES, default="auto", help="codec mode (%(default)s)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--file", type=Path, help="aggregate this tensor (torch.save'd, any shape)")
@@ -55,9 +64,18 @@ def _input(args: argparse.Namespace, rank: int) -> torch.Tensor:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    token = args.token_file.read_text().strip() if args.token_file else None
-    agent = Agent.join(args.controller, args.job, mode=args.mode, ip=args.ip, host=args.host, token=token,
-                       timeout_s=args.timeout)
+    try:
+        token = read_token(args.token_file) if args.token_file else None
+        config = tls.from_args(args)
+    except (OSError, ValueError) as exc:
+        print(f"lhc-agent: {exc}", file=sys.stderr)
+        return 2
+    try:
+        agent = Agent.join(args.controller, args.job, mode=args.mode, ip=args.ip, host=args.host, token=token,
+                           tls=config, timeout_s=args.timeout)
+    except (ControllerError, tls.TlsError) as exc:  # refused (a wrong credential, another job's) or no CA
+        print(f"lhc-agent: cannot join {args.job!r}: {exc}", file=sys.stderr)
+        return 1
     try:
         tensor = _input(args, agent.rank)
         for call in range(args.repeats):

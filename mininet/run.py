@@ -8,6 +8,10 @@ Starts the emulated cluster (mininet/topo.py), softswitch on the switch-side vet
 ordinary traffic, torch.distributed's TCP included, crosses the switch by the controller's routes). Then
 runs the workload's processes inside the hosts with the project's virtualenv, collects their JSON, prints
 the summary and tears everything down, also after a failure or Ctrl-C.
+
+The controller runs with an operator token (``--token-file``, a fresh one per run), and each job's workers
+join with that job's credential only (``job create --credential-file``, handed to them as
+``LHC_TOKEN_FILE``), from their own host's address, as tenants of a shared switch would.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -124,9 +129,13 @@ def start_controller(args: argparse.Namespace, grpc: str, topology: Path, scratc
                      procs: Processes) -> str:
     log = scratch / "controller.log"
     listen = f"{topo.CONTROLLER_IP}:9560"
+    token = _operator_token(scratch)
+    token.write_text(secrets.token_urlsafe(32) + "\n")
+    token.chmod(0o600)
     proc = procs.add(subprocess.Popen(
         [args.python, "-m", "controller.cli", "serve", "--switch", grpc, "--target", args.switch,
          "--listen", listen, "--state-dir", str(scratch / "state"), "--topology", str(topology),
+         "--token-file", str(token),
          *(["--device-config", str(BMV2_JSON)] if args.switch == "bmv2" else [])],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=REPO, env=_env(),
     ))
@@ -137,9 +146,18 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
-def _controller_cli(args: argparse.Namespace, controller: str, *argv: str) -> None:
-    subprocess.run([args.python, "-m", "controller.cli", "--controller", controller, *argv],
+def _operator_token(scratch: Path) -> Path:
+    return scratch / "operator.token"
+
+
+def create_job(args: argparse.Namespace, controller: str, scratch: Path, job: str) -> Path:
+    """Create ``job`` with the operator's token; the file that holds its credential, for its workers."""
+    credential = scratch / f"{job}.credential"
+    subprocess.run([args.python, "-m", "controller.cli", "--controller", controller, "--token-file",
+                    str(_operator_token(scratch)), "job", "create", job, "--workers", str(args.workers),
+                    "--credential-file", str(credential)],
                    check=True, capture_output=True, text=True, cwd=REPO, env=_env())
+    return credential
 
 
 def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: str, scratch: Path,
@@ -147,8 +165,7 @@ def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: st
     runs = {}
     for run in RUNS:
         job = f"train-{run}"
-        if run != "ddp":
-            _controller_cli(args, controller, "job", "create", job, "--workers", str(args.workers))
+        credential = create_job(args, controller, scratch, job) if run != "ddp" else None
         master = f"{topo.host_ip(1)}:29500"
         procs = []
         for index, host in enumerate(cluster.hosts, start=1):
@@ -159,7 +176,9 @@ def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: st
                     "--users", str(args.users), "--items", str(args.items)]
             if run != "ddp":
                 argv += ["--controller", controller, "--job", job]
-            proc = host.popen(argv, cwd=str(REPO), env=_env(GLOO_SOCKET_IFNAME=f"{host.name}-eth0"),
+            env = _env(GLOO_SOCKET_IFNAME=f"{host.name}-eth0",
+                       **({"LHC_TOKEN_FILE": str(credential)} if credential else {}))
+            proc = host.popen(argv, cwd=str(REPO), env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             procs.append((started.add(proc), out))
         failed = []
@@ -186,16 +205,17 @@ def summarize(args: argparse.Namespace, runs: dict, extra: dict) -> dict:
     return {**result, **extra}
 
 
-def run_bench(args: argparse.Namespace, cluster: topo.Cluster, controller: str, started: Processes
-              ) -> list[dict]:
+def run_bench(args: argparse.Namespace, cluster: topo.Cluster, controller: str, scratch: Path,
+              started: Processes) -> list[dict]:
     job = "bench"
-    _controller_cli(args, controller, "job", "create", job, "--workers", str(args.workers))
+    credential = create_job(args, controller, scratch, job)
     procs = []
     for index, host in enumerate(cluster.hosts, start=1):
         argv = [args.python, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job", job,
                 "--length", str(args.length), "--density", str(args.density), "--workers", str(args.workers),
                 "--modes", "dense,sketch,auto", "--ip", topo.host_ip(index), "--host", host.name]
-        procs.append(started.add(host.popen(argv, cwd=str(REPO), env=_env(), stdout=subprocess.PIPE,
+        procs.append(started.add(host.popen(argv, cwd=str(REPO), env=_env(LHC_TOKEN_FILE=str(credential)),
+                                            stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, text=True)))
     rows = []
     for proc in procs:
@@ -241,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                     extra["dropped_frames"] = topo.dropped(cluster)
                 print(json.dumps(summarize(args, runs, extra)))
             else:
-                for row in run_bench(args, cluster, controller, procs):
+                for row in run_bench(args, cluster, controller, scratch, procs):
                     print(json.dumps({**row, **extra}))
     finally:
         procs.stop()

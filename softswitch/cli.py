@@ -1,16 +1,20 @@
 """``lhc-softswitch``: run softswitch with its P4Runtime server and ports until SIGINT or SIGTERM.
 
     lhc-softswitch [--grpc-addr HOST:PORT] [--device-id N] [--port N@IFACE ...] [--udp N@HOST:UDPPORT ...]
-                   [--pipeline native|python] [--log-level LEVEL]
+                   [--pipeline native|python] [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]
+                   [--log-level LEVEL]
 
 Once gRPC listens and every port is open, one line goes to stdout (flushed), e.g.
 
-    lhc-softswitch ready: grpc=127.0.0.1:9559 device_id=1 ports=1@veth1,2@127.0.0.1:19520/udp pipeline=native
+    lhc-softswitch ready: grpc=127.0.0.1:9559 device_id=1 tls=plaintext ports=1@veth1,2@127.0.0.1:19520/udp
+    pipeline=native
 
-with the ports actually bound (``--grpc-addr 127.0.0.1:0`` picks a free port; a UDP port 0 the first free
-one of the lhc range, and a UDP port outside that range is refused) and the pipeline that runs (native by
-default where softswitch/_dataplane.c was built, python otherwise). Harnesses wait for it. Logs go to
-stderr. If the data plane's thread dies, the process logs it and exits with status 1.
+with how P4Runtime is served (``plaintext``, ``tls`` with ``--tls-cert``/``--tls-key``, or ``mutual`` with
+``--tls-ca`` too: only controllers whose certificate it signed get in), the ports actually bound
+(``--grpc-addr 127.0.0.1:0`` picks a free port; a UDP port 0 the first free one of the lhc range, and a UDP
+port outside that range is refused) and the pipeline that runs (native by default where
+softswitch/_dataplane.c was built, python otherwise). Harnesses wait for it. Logs go to stderr. If the
+data plane's thread dies, the process logs it and exits with status 1.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import signal
 import sys
 import threading
 
+from lhc_ina import tls
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.dataplane import NATIVE_BURST, DataPlane
 from softswitch.native import PIPELINES, NativePipeline, choose_pipeline, native_available
@@ -51,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pipeline", choices=PIPELINES, default=None,
                         help="the data plane: native (C, the default where it is built) or python (the "
                              "reference model)")
+    tls.add_arguments(parser, role={
+        "ca": "sign the controllers it admits: with it, mutual TLS (a client without such a certificate "
+              "is refused)",
+        "cert": "P4Runtime is served with (TLS)",
+    })
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
     return parser
@@ -70,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"lhc-softswitch: {exc}", file=sys.stderr)
         return 2
+    try:
+        config = tls.from_args(args)
+    except tls.TlsError as exc:
+        print(f"lhc-softswitch: {exc}", file=sys.stderr)
+        return 2
+    tls_mode = tls.mode(config, server=True, require_client_cert=config is not None and config.ca is not None)
     index = P4InfoIndex.from_file()
     try:
         pipeline = Pipeline(index)
@@ -89,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     lock = threading.Lock()
     service = P4RuntimeService(pipeline, lock, index.p4info, args.device_id)
     try:
-        server, grpc_port = start_server(service, args.grpc_addr)
-    except OSError as exc:
+        server, grpc_port = start_server(service, args.grpc_addr, tls=config)
+    except (OSError, tls.TlsError) as exc:
         for port in ports:
             port.close()
         print(f"lhc-softswitch: {exc}", file=sys.stderr)
@@ -109,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     host = args.grpc_addr.rsplit(":", 1)[0]
     described = ",".join(port.spec.describe() for port in ports) or "none"
-    print(f"{READY} grpc={host}:{grpc_port} device_id={args.device_id} ports={described} pipeline={kind}",
-          flush=True)
+    print(f"{READY} grpc={host}:{grpc_port} device_id={args.device_id} tls={tls_mode} ports={described} "
+          f"pipeline={kind}", flush=True)
     while not stop.wait(0.5):
         pass
     log.info("stopping: %d frames received, %d raised, %d socket errors", dataplane.frames_in,

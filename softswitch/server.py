@@ -35,6 +35,7 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2 as p4v1
 from p4.v1 import p4runtime_pb2_grpc
 
+from lhc_ina.tls import TlsConfig, add_port
 from softswitch.arbitration import Arbitration, Connection
 from softswitch.entities import Entities
 from softswitch.errors import SwitchError
@@ -255,12 +256,15 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
             conn.outbox.put(None)
 
 
-def start_server(service: P4RuntimeService, address: str, workers: int = 24) -> tuple[grpc.Server, int]:
-    """Serve ``service`` on ``address`` ("HOST:PORT", port 0 picks one); the server and its bound port."""
+def start_server(service: P4RuntimeService, address: str, workers: int = 24, *,
+                 tls: TlsConfig | None = None) -> tuple[grpc.Server, int]:
+    """Serve ``service`` on ``address`` ("HOST:PORT", port 0 picks one); the server and its bound port.
+    With ``tls`` it serves TLS, and with a CA in it only to clients whose certificate that CA signed
+    (mutual TLS: the switch then knows its controllers, as P4Runtime expects)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="p4rt"))
     p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(service, server)
     try:
-        port = server.add_insecure_port(address)
+        port = add_port(server, address, tls, require_client_cert=tls is not None and tls.ca is not None)
     except RuntimeError as exc:
         raise OSError(f"cannot listen for gRPC on {address}: {exc}") from None
     if port == 0:

@@ -21,7 +21,8 @@ from host_agent.transport.packets import StreamIdentity
 from host_agent.transport.stream import PacketStream
 from lhc_ina.constants import Op
 from lhc_ina.jobservice import jobservice_pb2 as pb
-from lhc_ina.jobservice.client import JobClient, Joined
+from lhc_ina.jobservice.client import JobClient, Joined, from_environment
+from lhc_ina.tls import TlsConfig
 
 #: A member whose heartbeats are older than this is named silent when a packet stalls.
 SILENT_AFTER_S = 3.0
@@ -58,14 +59,17 @@ class SwitchBackend(Backend):
     def join(cls, controller: str, job: str, *, ip: str = "127.0.0.1", udp_port: int = 0, host: str = "",
              name: str = "", token: str | None = None, impairment: Impairment | None = None,
              timeout_s: float = 30.0, heartbeat_s: float = 0.5, install_timeout_s: float = 60.0,
-             world_size: int | None = None, engine: str | None = None) -> SwitchBackend:
+             world_size: int | None = None, engine: str | None = None,
+             tls: TlsConfig | None = None) -> SwitchBackend:
         """Join ``job`` on the controller at ``controller`` from ``ip:udp_port`` (0: a free port), or as
         topology host ``host``; returns once the job's entries are on the switch. ``world_size``: the
         size the caller's run expects (its process group's); a job of another size is refused at once.
         ``engine``: the stream's per-packet engine, "native" (``_engine.c``), "python" (the reference) or
-        None (native where built)."""
+        None (native where built). ``token`` (the job's credential) and ``tls`` (the CA that signed the
+        controller's certificate) default to ``LHC_TOKEN_FILE`` and ``LHC_TLS_*``."""
         _engine_choice(engine)
-        client = JobClient(controller, token=token)
+        token, tls = from_environment(token, tls)
+        client = JobClient(controller, token=token, tls=tls)
         channel = Channel((ip, udp_port), impairment=impairment or Impairment())
         try:
             joined = client.join(job, udp_port=channel.local[1], ip="" if host else ip, host=host, name=name)

@@ -10,22 +10,50 @@
     beats.stop(); client.leave("train", joined.rank)
 
 Every refusal raises ``ControllerError`` with the service's gRPC code and message.
+
+Credentials and TLS are explicit here (``token``: the operator's token or a job credential; ``tls``: a
+``lhc_ina.tls.TlsConfig`` with the CA that signed the controller's certificate). Programs that take them
+from the environment (the CLIs, ``SwitchBackend.join``) call ``from_environment``: ``LHC_TOKEN_FILE`` and
+the ``LHC_TLS_*`` variables.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
 from lhc_ina.jobservice import jobservice_pb2 as pb
 from lhc_ina.jobservice import jobservice_pb2_grpc as pb_grpc
 from lhc_ina.jobservice.errors import ControllerError
+from lhc_ina.tls import TlsConfig, client_channel, explain_refusal
 
 DEFAULT_CONTROLLER = "127.0.0.1:9560"
+TOKEN_FILE_ENV = "LHC_TOKEN_FILE"
+#: The trailing metadata of a Watch the controller ended at its --watch-limit: open the next one.
+WATCH_EXPIRED = ("lhc-watch", "expired")
+
+
+def read_token(path: Path | str) -> str:
+    """A credential file's content (the operator's token or a job credential), without whitespace."""
+    token = Path(path).read_text().strip()
+    if not token:
+        raise ValueError(f"credential file {path} is empty")
+    return token
+
+
+def from_environment(
+    token: str | None = None, tls: TlsConfig | None = None
+) -> tuple[str | None, TlsConfig | None]:
+    """``token`` and ``tls`` where given, else from ``LHC_TOKEN_FILE`` and ``LHC_TLS_*``."""
+    if token is None and os.environ.get(TOKEN_FILE_ENV):
+        token = read_token(os.environ[TOKEN_FILE_ENV])
+    return token, tls if tls is not None else TlsConfig.from_env()
 
 
 @dataclass(frozen=True)
@@ -54,9 +82,17 @@ class Joined:
     job: pb.JobInfo
 
 
-def _error(error: grpc.RpcError) -> ControllerError:
+def _error(error: grpc.RpcError, address: str, tls: TlsConfig | None) -> ControllerError:
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
-    return ControllerError(code, error.details() if hasattr(error, "details") else str(error))
+    details = error.details() if hasattr(error, "details") else str(error)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        details = explain_refusal(address, tls, details or "") or details
+    return ControllerError(code, details)
+
+
+def _expired(error: grpc.RpcError) -> bool:
+    trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    return WATCH_EXPIRED in tuple(trailing or ())
 
 
 class Heartbeats:
@@ -106,12 +142,14 @@ class Heartbeats:
 
 class JobClient:
     def __init__(
-        self, address: str = DEFAULT_CONTROLLER, *, token: str | None = None, timeout: float = 30.0
+        self, address: str = DEFAULT_CONTROLLER, *, token: str | None = None, timeout: float = 30.0,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.address = address
         self.timeout = timeout
+        self.tls = tls
         self._metadata = (("lhc-token", token),) if token else ()
-        self._channel = grpc.insecure_channel(address)
+        self._channel = client_channel(address, tls)
         self._stub = pb_grpc.JobServiceStub(self._channel)
 
     def close(self) -> None:
@@ -128,7 +166,7 @@ class JobClient:
         try:
             return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as error:
-            raise _error(error) from None
+            raise _error(error, self.address, self.tls) from None
 
     def create_job(
         self,
@@ -141,7 +179,8 @@ class JobClient:
         heartbeat_timeout_s: float = 0.0,
         hosts: list[str] | tuple[str, ...] = (),
     ) -> pb.JobInfo:
-        """Admit a job; ``hosts`` (optional) names its W workers in rank order."""
+        """Admit a job; ``hosts`` (optional) names its W workers in rank order. The reply's
+        ``job_credential`` is what its workers join with; the controller shows it this once."""
         return self._call(
             "CreateJob",
             pb.CreateJobRequest(
@@ -224,14 +263,20 @@ class JobClient:
 
     def watch(self, job: str, timeout: float = 3600.0) -> Iterator[pb.JobInfo]:
         """The job now, then on every change of state, epoch, installation or membership, until
-        ``timeout`` s have passed (then DEADLINE_EXCEEDED: a watch never outlives its caller's patience)."""
-        stream = self._stub.Watch(pb.WatchRequest(job=job), timeout=timeout, metadata=self._metadata)
-        try:
-            yield from stream
-        except grpc.RpcError as error:
-            raise _error(error) from None
-        finally:
-            stream.cancel()
+        ``timeout`` s have passed (then DEADLINE_EXCEEDED: a watch never outlives its caller's patience).
+        A stream the controller ends at its own limit is opened again, starting with the job as it is."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            stream = self._stub.Watch(pb.WatchRequest(job=job), timeout=left, metadata=self._metadata)
+            try:
+                yield from stream
+                return
+            except grpc.RpcError as error:
+                if not _expired(error) or time.monotonic() >= deadline:
+                    raise _error(error, self.address, self.tls) from None
+            finally:
+                stream.cancel()
 
     def wait_installed(self, job: str, timeout: float = 60.0) -> pb.JobInfo:
         """Block until the job is ACTIVE with its entries on the switch, and return it: its ``epoch`` is

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#lhc_ina/jobservice/jobservice.proto\x12\x11lhc.controller.v1\"]\n\rWorkerAddress\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\n\n\x02ip\x18\x02 \x01(\t\x12\x10\n\x08udp_port\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\t\x12\x13\n\x0bswitch_port\x18\x05 \x01(\x05\"\x83\x01\n\x06Member\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x31\n\x07\x61\x64\x64ress\x18\x03 \x01(\x0b\x32 .lhc.controller.v1.WorkerAddress\x12\x0c\n\x04left\x18\x04 \x01(\x08\x12\x1c\n\x14last_heartbeat_age_s\x18\x05 \x01(\x01\"\x93\x01\n\x10\x43reateJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\r\x12\r\n\x05slots\x18\x03 \x01(\r\x12\r\n\x05lanes\x18\x04 \x01(\r\x12\x16\n\x0ejoin_timeout_s\x18\x05 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x06 \x01(\x01\x12\r\n\x05hosts\x18\x07 \x03(\t\"\xe9\x03\n\x07JobInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\r\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.lhc.controller.v1.JobState\x12\r\n\x05\x65poch\x18\x04 \x01(\r\x12\x0f\n\x07workers\x18\x05 \x01(\r\x12\x11\n\tslot_base\x18\x06 \x01(\r\x12\x12\n\nslot_count\x18\x07 \x01(\r\x12\r\n\x05lanes\x18\x08 \x01(\r\x12\x11\n\tjob_index\x18\t \x01(\r\x12\x13\n\x0bmcast_group\x18\n \x01(\r\x12*\n\x07members\x18\x0b \x03(\x0b\x32\x19.lhc.controller.v1.Member\x12\x0f\n\x07\x66\x61ilure\x18\x0c \x01(\t\x12:\n\x08\x63ounters\x18\r \x03(\x0b\x32(.lhc.controller.v1.JobInfo.CountersEntry\x12\x16\n\x0ejoin_timeout_s\x18\x0e \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x0f \x01(\x01\x12\x15\n\repoch_changes\x18\x10 \x01(\r\x12\x11\n\tinstalled\x18\x11 \x01(\x08\x12\r\n\x05hosts\x18\x12 \x03(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"^\n\x0eJoinJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x31\n\x07\x61\x64\x64ress\x18\x03 \x01(\x0b\x32 .lhc.controller.v1.WorkerAddress\"\xf0\x01\n\x0cJoinJobReply\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06job_id\x18\x02 \x01(\r\x12\x11\n\tslot_base\x18\x03 \x01(\r\x12\x12\n\nslot_count\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\r\x12\x11\n\tswitch_ip\x18\x06 \x01(\t\x12\x17\n\x0fswitch_udp_port\x18\x07 \x01(\r\x12\r\n\x05lanes\x18\x08 \x01(\r\x12(\n\x05peers\x18\t \x03(\x0b\x32\x19.lhc.controller.v1.Member\x12\'\n\x03job\x18\n \x01(\x0b\x32\x1a.lhc.controller.v1.JobInfo\",\n\x0fLeaveJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\"\"\n\rLeaveJobReply\x12\x11\n\tjob_ended\x18\x01 \x01(\x08\"\x1f\n\x10\x44\x65leteJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\x10\n\x0e\x44\x65leteJobReply\"\x11\n\x0fListJobsRequest\"9\n\rListJobsReply\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.lhc.controller.v1.JobInfo\"\x1f\n\x10JobStatusRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"-\n\x10HeartbeatRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\"\x1b\n\x0cWatchRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\x15\n\x13SwitchStatusRequest\"\xf9\x01\n\x11SwitchStatusReply\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x11\n\tconnected\x18\x03 \x01(\x08\x12\x0f\n\x07primary\x18\x04 \x01(\x08\x12\r\n\x05state\x18\x05 \x01(\t\x12\x13\n\x0b\x65lection_id\x18\x06 \x01(\x04\x12\x12\n\nreconciles\x18\x07 \x01(\x04\x12\x17\n\x0fupdates_written\x18\x08 \x01(\x04\x12\x12\n\nlast_error\x18\t \x01(\t\x12\x12\n\nslots_free\x18\n \x01(\r\x12\x13\n\x0bslots_total\x18\x0b \x01(\r\x12\x11\n\tdataplane\x18\x0c \x01(\t*J\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\n\n\x06\x41\x43TIVE\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x32\xe4\x05\n\nJobService\x12L\n\tCreateJob\x12#.lhc.controller.v1.CreateJobRequest\x1a\x1a.lhc.controller.v1.JobInfo\x12M\n\x07JoinJob\x12!.lhc.controller.v1.JoinJobRequest\x1a\x1f.lhc.controller.v1.JoinJobReply\x12P\n\x08LeaveJob\x12\".lhc.controller.v1.LeaveJobRequest\x1a .lhc.controller.v1.LeaveJobReply\x12S\n\tDeleteJob\x12#.lhc.controller.v1.DeleteJobRequest\x1a!.lhc.controller.v1.DeleteJobReply\x12P\n\x08ListJobs\x12\".lhc.controller.v1.ListJobsRequest\x1a .lhc.controller.v1.ListJobsReply\x12L\n\tJobStatus\x12#.lhc.controller.v1.JobStatusRequest\x1a\x1a.lhc.controller.v1.JobInfo\x12L\n\tHeartbeat\x12#.lhc.controller.v1.HeartbeatRequest\x1a\x1a.lhc.controller.v1.JobInfo\x12\x46\n\x05Watch\x12\x1f.lhc.controller.v1.WatchRequest\x1a\x1a.lhc.controller.v1.JobInfo0\x01\x12\\\n\x0cSwitchStatus\x12&.lhc.controller.v1.SwitchStatusRequest\x1a$.lhc.controller.v1.SwitchStatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#lhc_ina/jobservice/jobservice.proto\x12\x11lhc.controller.v1\"]\n\rWorkerAddress\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\n\n\x02ip\x18\x02 \x01(\t\x12\x10\n\x08udp_port\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\t\x12\x13\n\x0bswitch_port\x18\x05 \x01(\x05\"\x83\x01\n\x06Member\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x31\n\x07\x61\x64\x64ress\x18\x03 \x01(\x0b\x32 .lhc.controller.v1.WorkerAddress\x12\x0c\n\x04left\x18\x04 \x01(\x08\x12\x1c\n\x14last_heartbeat_age_s\x18\x05 \x01(\x01\"\x93\x01\n\x10\x43reateJobRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07workers\x18\x02 \x01(\r\x12\r\n\x05slots\x18\x03 \x01(\r\x12\r\n\x05lanes\x18\x04 \x01(\r\x12\x16\n\x0ejoin_timeout_s\x18\x05 \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x06 \x01(\x01\x12\r\n\x05hosts\x18\x07 \x03(\t\"\x81\x04\n\x07JobInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\r\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.lhc.controller.v1.JobState\x12\r\n\x05\x65poch\x18\x04 \x01(\r\x12\x0f\n\x07workers\x18\x05 \x01(\r\x12\x11\n\tslot_base\x18\x06 \x01(\r\x12\x12\n\nslot_count\x18\x07 \x01(\r\x12\r\n\x05lanes\x18\x08 \x01(\r\x12\x11\n\tjob_index\x18\t \x01(\r\x12\x13\n\x0bmcast_group\x18\n \x01(\r\x12*\n\x07members\x18\x0b \x03(\x0b\x32\x19.lhc.controller.v1.Member\x12\x0f\n\x07\x66\x61ilure\x18\x0c \x01(\t\x12:\n\x08\x63ounters\x18\r \x03(\x0b\x32(.lhc.controller.v1.JobInfo.CountersEntry\x12\x16\n\x0ejoin_timeout_s\x18\x0e \x01(\x01\x12\x1b\n\x13heartbeat_timeout_s\x18\x0f \x01(\x01\x12\x15\n\repoch_changes\x18\x10 \x01(\r\x12\x11\n\tinstalled\x18\x11 \x01(\x08\x12\r\n\x05hosts\x18\x12 \x03(\t\x12\x16\n\x0ejob_credential\x18\x13 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"^\n\x0eJoinJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x31\n\x07\x61\x64\x64ress\x18\x03 \x01(\x0b\x32 .lhc.controller.v1.WorkerAddress\"\xf0\x01\n\x0cJoinJobReply\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0e\n\x06job_id\x18\x02 \x01(\r\x12\x11\n\tslot_base\x18\x03 \x01(\r\x12\x12\n\nslot_count\x18\x04 \x01(\r\x12\r\n\x05\x65poch\x18\x05 \x01(\r\x12\x11\n\tswitch_ip\x18\x06 \x01(\t\x12\x17\n\x0fswitch_udp_port\x18\x07 \x01(\r\x12\r\n\x05lanes\x18\x08 \x01(\r\x12(\n\x05peers\x18\t \x03(\x0b\x32\x19.lhc.controller.v1.Member\x12\'\n\x03job\x18\n \x01(\x0b\x32\x1a.lhc.controller.v1.JobInfo\",\n\x0fLeaveJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\"\"\n\rLeaveJobReply\x12\x11\n\tjob_ended\x18\x01 \x01(\x08\"\x1f\n\x10\x44\x65leteJobRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\x10\n\x0e\x44\x65leteJobReply\"\x11\n\x0fListJobsRequest\"9\n\rListJobsReply\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.lhc.controller.v1.JobInfo\"\x1f\n\x10JobStatusRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"-\n\x10HeartbeatRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\"\x1b\n\x0cWatchRequest\x12\x0b\n\x03job\x18\x01 \x01(\t\"\x15\n\x13SwitchStatusRequest\"\xf9\x01\n\x11SwitchStatusReply\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x11\n\tconnected\x18\x03 \x01(\x08\x12\x0f\n\x07primary\x18\x04 \x01(\x08\x12\r\n\x05state\x18\x05 \x01(\t\x12\x13\n\x0b\x65lection_id\x18\x06 \x01(\x04\x12\x12\n\nreconciles\x18\x07 \x01(\x04\x12\x17\n\x0fupdates_written\x18\x08 \x01(\x04\x12\x12\n\nlast_error\x18\t \x01(\t\x12\x12\n\nslots_free\x18\n \x01(\r\x12\x13\n\x0bslots_total\x18\x0b \x01(\r\x12\x11\n\tdataplane\x18\x0c \x01(\t*J\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\n\n\x06\x41\x43TIVE\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x32\xe4\x05\n\nJobService\x12L\n\tCreateJob\x12#.lhc.controller.v1.CreateJobRequest\x1a\x1a.lhc.controller.v1.JobInfo\x12M\n\x07JoinJob\x12!.lhc.controller.v1.JoinJobRequest\x1a\x1f.lhc.controller.v1.JoinJobReply\x12P\n\x08LeaveJob\x12\".lhc.controller.v1.LeaveJobRequest\x1a .lhc.controller.v1.LeaveJobReply\x12S\n\tDeleteJob\x12#.lhc.controller.v1.DeleteJobRequest\x1a!.lhc.controller.v1.DeleteJobReply\x12P\n\x08ListJobs\x12\".lhc.controller.v1.ListJobsRequest\x1a .lhc.controller.v1.ListJobsReply\x12L\n\tJobStatus\x12#.lhc.controller.v1.JobStatusRequest\x1a\x1a.lhc.controller.v1.JobInfo\x12L\n\tHeartbeat\x12#.lhc.controller.v1.HeartbeatRequest\x1a\x1a.lhc.controller.v1.JobInfo\x12\x46\n\x05Watch\x12\x1f.lhc.controller.v1.WatchRequest\x1a\x1a.lhc.controller.v1.JobInfo0\x01\x12\\\n\x0cSwitchStatus\x12&.lhc.controller.v1.SwitchStatusRequest\x1a$.lhc.controller.v1.SwitchStatusReplyb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lhc_ina.jobservice.jobservice_pb2', globals())
@@ -22,8 +22,8 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   _JOBINFO_COUNTERSENTRY._options = None
   _JOBINFO_COUNTERSENTRY._serialized_options = b'8\001'
-  _JOBSTATE._serialized_start=1863
-  _JOBSTATE._serialized_end=1937
+  _JOBSTATE._serialized_start=1887
+  _JOBSTATE._serialized_end=1961
   _WORKERADDRESS._serialized_start=58
   _WORKERADDRESS._serialized_end=151
   _MEMBER._serialized_start=154
@@ -31,35 +31,35 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _CREATEJOBREQUEST._serialized_start=288
   _CREATEJOBREQUEST._serialized_end=435
   _JOBINFO._serialized_start=438
-  _JOBINFO._serialized_end=927
-  _JOBINFO_COUNTERSENTRY._serialized_start=880
-  _JOBINFO_COUNTERSENTRY._serialized_end=927
-  _JOINJOBREQUEST._serialized_start=929
-  _JOINJOBREQUEST._serialized_end=1023
-  _JOINJOBREPLY._serialized_start=1026
-  _JOINJOBREPLY._serialized_end=1266
-  _LEAVEJOBREQUEST._serialized_start=1268
-  _LEAVEJOBREQUEST._serialized_end=1312
-  _LEAVEJOBREPLY._serialized_start=1314
-  _LEAVEJOBREPLY._serialized_end=1348
-  _DELETEJOBREQUEST._serialized_start=1350
-  _DELETEJOBREQUEST._serialized_end=1381
-  _DELETEJOBREPLY._serialized_start=1383
-  _DELETEJOBREPLY._serialized_end=1399
-  _LISTJOBSREQUEST._serialized_start=1401
-  _LISTJOBSREQUEST._serialized_end=1418
-  _LISTJOBSREPLY._serialized_start=1420
-  _LISTJOBSREPLY._serialized_end=1477
-  _JOBSTATUSREQUEST._serialized_start=1479
-  _JOBSTATUSREQUEST._serialized_end=1510
-  _HEARTBEATREQUEST._serialized_start=1512
-  _HEARTBEATREQUEST._serialized_end=1557
-  _WATCHREQUEST._serialized_start=1559
-  _WATCHREQUEST._serialized_end=1586
-  _SWITCHSTATUSREQUEST._serialized_start=1588
-  _SWITCHSTATUSREQUEST._serialized_end=1609
-  _SWITCHSTATUSREPLY._serialized_start=1612
-  _SWITCHSTATUSREPLY._serialized_end=1861
-  _JOBSERVICE._serialized_start=1940
-  _JOBSERVICE._serialized_end=2680
+  _JOBINFO._serialized_end=951
+  _JOBINFO_COUNTERSENTRY._serialized_start=904
+  _JOBINFO_COUNTERSENTRY._serialized_end=951
+  _JOINJOBREQUEST._serialized_start=953
+  _JOINJOBREQUEST._serialized_end=1047
+  _JOINJOBREPLY._serialized_start=1050
+  _JOINJOBREPLY._serialized_end=1290
+  _LEAVEJOBREQUEST._serialized_start=1292
+  _LEAVEJOBREQUEST._serialized_end=1336
+  _LEAVEJOBREPLY._serialized_start=1338
+  _LEAVEJOBREPLY._serialized_end=1372
+  _DELETEJOBREQUEST._serialized_start=1374
+  _DELETEJOBREQUEST._serialized_end=1405
+  _DELETEJOBREPLY._serialized_start=1407
+  _DELETEJOBREPLY._serialized_end=1423
+  _LISTJOBSREQUEST._serialized_start=1425
+  _LISTJOBSREQUEST._serialized_end=1442
+  _LISTJOBSREPLY._serialized_start=1444
+  _LISTJOBSREPLY._serialized_end=1501
+  _JOBSTATUSREQUEST._serialized_start=1503
+  _JOBSTATUSREQUEST._serialized_end=1534
+  _HEARTBEATREQUEST._serialized_start=1536
+  _HEARTBEATREQUEST._serialized_end=1581
+  _WATCHREQUEST._serialized_start=1583
+  _WATCHREQUEST._serialized_end=1610
+  _SWITCHSTATUSREQUEST._serialized_start=1612
+  _SWITCHSTATUSREQUEST._serialized_end=1633
+  _SWITCHSTATUSREPLY._serialized_start=1636
+  _SWITCHSTATUSREPLY._serialized_end=1885
+  _JOBSERVICE._serialized_start=1964
+  _JOBSERVICE._serialized_end=2704
 # @@protoc_insertion_point(module_scope)

@@ -65,13 +65,15 @@ class JobServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def CreateJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Operator only. The reply alone carries the job's credential (`job_credential`).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def JoinJob(self, request, context):
         """Blocks only as long as the store write; the job turns ACTIVE when the last of its W workers joins.
+        With a job credential the worker's IPv4 must be the caller's own (docs/controller.md).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,7 +113,9 @@ class JobServiceServicer(object):
 
     def Watch(self, request, context):
         """The job as it is now, then again on every change of state, epoch or membership, until the job is
-        deleted (the stream then ends OK) or the client cancels.
+        deleted (the stream then ends OK) or the client cancels. The controller bounds a watch's life
+        (--watch-limit; then DEADLINE_EXCEEDED with trailing metadata `lhc-watch: expired`: watch again) and
+        the watches open at once per credential and job (RESOURCE_EXHAUSTED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

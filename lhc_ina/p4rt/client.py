@@ -1,6 +1,7 @@
 """``P4RuntimeClient``: one controller connection to one device (arbitration on the StreamChannel, which
 must stay open while the client writes; pipeline push and check with cookies; batched writes; reads).
-A lost stream or lost primaryship is noticed and reported through callbacks."""
+A lost stream or lost primaryship is noticed and reported through callbacks. TLS (and mutual TLS) come
+from ``tls`` (``lhc_ina.tls``); a refused handshake is reported as such, not as an absent server."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from lhc_ina.p4info import P4InfoIndex
 from lhc_ina.p4rt.entities import CounterValue, EntityBuilder, to_entity
 from lhc_ina.p4rt.errors import P4RuntimeError, UpdateError
+from lhc_ina.tls import TlsConfig, client_channel, explain_refusal, last_error
 
 Writable = (
     p4runtime_pb2.Entity
@@ -46,8 +48,10 @@ class P4RuntimeClient:
         *,
         timeout: float = 10.0,
         batch_size: int = 256,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.address = address
+        self.tls = tls
         self.device_id = device_id
         self.election_id = p4runtime_pb2.Uint128(high=election_id >> 64, low=election_id & (2**64 - 1))
         self.timeout = timeout
@@ -84,15 +88,14 @@ class P4RuntimeClient:
         self._requests = queue.Queue()
         self._arbitration = queue.Queue()
         self._primary = False
-        self._channel = grpc.insecure_channel(self.address)
+        self._channel = client_channel(self.address, self.tls)
+        self._stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
         try:
             grpc.channel_ready_future(self._channel).result(timeout=self.timeout)
         except grpc.FutureTimeoutError:
+            why = self._why_unreachable()
             self.close()
-            raise P4RuntimeError(
-                "connect", grpc.StatusCode.UNAVAILABLE, f"no P4Runtime server at {self.address}"
-            ) from None
-        self._stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
+            raise P4RuntimeError("connect", grpc.StatusCode.UNAVAILABLE, why) from None
         if not arbitrate:
             return self
         self._stream = self._stub.StreamChannel(self._request_iterator(self._requests))
@@ -125,6 +128,18 @@ class P4RuntimeClient:
                 f"({code_pb2.Code.Name(status.code)}: {status.message})",
             )
         return self
+
+    def _why_unreachable(self) -> str:
+        """Why the channel never became ready, as the transport says it: one cheap call brings back the
+        last connection error, so that a refused TLS handshake is not reported as an absent server."""
+        absent = f"no P4Runtime server at {self.address}"
+        try:
+            self.stub.Capabilities(p4runtime_pb2.CapabilitiesRequest(), timeout=min(2.0, self.timeout))
+        except grpc.RpcError as error:
+            details = error.details() or ""
+            if error.code() == grpc.StatusCode.UNAVAILABLE and details:
+                return explain_refusal(self.address, self.tls, details) or f"{absent} ({last_error(details)})"
+        return absent
 
     def close(self) -> None:
         """End the stream (giving up primaryship) and the channel. Safe to call twice."""
