@@ -163,7 +163,7 @@ def _python_path_rows(args: argparse.Namespace, density: float, index: int, scra
 
 def _largest(ranks: list[dict], key: str) -> float | None:
     """The largest of the ranks' ``key``; None where the row does not measure it (Gloo's bytes)."""
-    values = [r[key] for r in ranks]
+    values = [r.get(key) for r in ranks]
     return None if None in values else max(values)
 
 
