@@ -94,25 +94,16 @@ def test_a_worker_failing_alone_fails_every_worker_over_memory(mode: str) -> Non
     _assert_fails_together(said)
 
 
-def test_messages_of_another_call_are_caught_by_the_seal_on_every_worker() -> None:
+@pytest.mark.parametrize("backend", ["memory", "switch"])
+def test_messages_of_another_call_are_caught_by_the_seal_on_every_worker(backend: str, request) -> None:
     """Rank 0 believes it made one call more than its peer: its messages have the same ops and lengths
-    (dense int32), so only the seal can tell them apart."""
-    agents = [Agent(backend, timeout_s=5.0) for backend in LocalGroup(2).members()]
+    (dense int32), so only the seal can tell them apart. Through softswitch positions are all the switch
+    knows: it adds rank 0's words of its "next" call to rank 1's."""
+    if backend == "switch":
+        agents = _in_threads_join(*request.getfixturevalue("switch_stack").new_job(workers=2), 2)
+    else:
+        agents = [Agent(member, timeout_s=5.0) for member in LocalGroup(2).members()]
     agents[0]._calls = 1  # as if its previous call had been made alone
-    x = torch.arange(200, dtype=torch.int32)
-    results = _in_threads(agents, lambda agent: _try(lambda: agent.allreduce(x, mode="dense")))
-    for agent in agents:
-        agent.close()
-    for result in results:
-        assert isinstance(result, AggregationError) and "seal summed" in str(result), result
-
-
-def test_messages_of_another_call_are_caught_by_the_seal_through_the_switch(switch_stack) -> None:
-    """The same through softswitch, where positions are all the switch knows: it adds rank 0's words of
-    its "next" call to rank 1's, and only the seal tells."""
-    controller, job = switch_stack.new_job(workers=2)
-    agents = _in_threads_join(controller, job, 2)
-    agents[0]._calls = 1
     x = torch.arange(200, dtype=torch.int32)
     results = _in_threads(agents, lambda agent: _try(lambda: agent.allreduce(x, mode="dense")))
     for agent in agents:

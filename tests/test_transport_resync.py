@@ -7,8 +7,6 @@ withhold results (so messages finish out of order) and ignore an epoch (a resync
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import numpy as np
@@ -18,53 +16,40 @@ from host_agent.transport.packets import StreamIdentity
 from host_agent.transport.stream import PacketStream
 from lhc_ina import constants as c
 from lhc_ina.wire import unpack_packet
+from tests.harness.fake_switch import FakeSwitch
 
 
-class _LaggingPeerSwitch:
+class _LaggingPeerSwitch(FakeSwitch):
     def __init__(self, peer_oldest: int) -> None:
+        super().__init__()
         self.peer_oldest = peer_oldest
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.1)
         self.seen: list[tuple[int, int, np.ndarray]] = []  # (epoch, seq, payload words) of first sends
         self.ignored_epochs: set[int] = set()
         self.hold_until: tuple[set[int], int] | None = None  # withhold these seqs until this one answered
         self._held: list[tuple[bytes, tuple]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data, worker = self.sock.recvfrom(2048)
-            except TimeoutError:
-                continue
-            header, words = unpack_packet(data)
-            if not any(e == header.epoch and s == header.seq for e, s, _ in self.seen):
-                self.seen.append((header.epoch, header.seq, words.copy()))
-            if header.epoch in self.ignored_epochs:
-                continue
-            if header.epoch > 1 and header.seq == 0:  # the resync: the peer says what it lacks
-                words[1] += self.peer_oldest + 1
-            result = header.replace(msg_type=c.MsgType.RESULT, bitmap=0b11).pack()
-            result += words.astype(">u4").tobytes()
-            if self.hold_until is not None and header.seq in self.hold_until[0]:
-                self._held.append((result, worker))
-                continue
-            self.sock.sendto(result, worker)
-            if self.hold_until is not None and header.seq == self.hold_until[1]:
-                for held, to in self._held:
-                    self.sock.sendto(held, to)
-                self._held, self.hold_until = [], None
+    def answer(self, data: bytes, worker: tuple[str, int]) -> None:
+        header, words = unpack_packet(data)
+        if not any(e == header.epoch and s == header.seq for e, s, _ in self.seen):
+            self.seen.append((header.epoch, header.seq, words.copy()))
+        if header.epoch in self.ignored_epochs:
+            return
+        if header.epoch > 1 and header.seq == 0:  # the resync: the peer says what it lacks
+            words[1] += self.peer_oldest + 1
+        result = header.replace(msg_type=c.MsgType.RESULT, bitmap=0b11).pack()
+        result += words.astype(">u4").tobytes()
+        if self.hold_until is not None and header.seq in self.hold_until[0]:
+            self._held.append((result, worker))
+            return
+        self.sock.sendto(result, worker)
+        if self.hold_until is not None and header.seq == self.hold_until[1]:
+            for held, to in self._held:
+                self.sock.sendto(held, to)
+            self._held, self.hold_until = [], None
 
     def sent(self, epoch: int) -> dict[int, np.ndarray]:
         return {seq: words for e, seq, words in self.seen if e == epoch}
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.sock.close()
 
 
 def _stream(switch: _LaggingPeerSwitch) -> tuple[PacketStream, Channel]:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import threading
-
 import numpy as np
 import pytest
 
@@ -14,6 +11,7 @@ from host_agent.transport.stream import PacketStream
 from lhc_ina import constants as c
 from lhc_ina.udp import native_udp_available
 from lhc_ina.wire import unpack_packet
+from tests.harness.fake_switch import FakeSwitch
 
 
 class _RecordingChannel(Channel):
@@ -28,36 +26,22 @@ class _RecordingChannel(Channel):
         super().send_many(datagrams)
 
 
-class _EchoSwitch:
+class _EchoSwitch(FakeSwitch):
     """Turns each DATA packet of a one-worker job into its RESULT, after a malformed datagram and a result
     of another job, so the stream's receive batches always hold packets it must drop."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
+        super().__init__()
         self.seqs: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data, worker = self.sock.recvfrom(2048)
-            except TimeoutError:
-                continue
-            header, _ = unpack_packet(data)
-            self.seqs.append(header.seq)
-            result = header.replace(msg_type=c.MsgType.RESULT, bitmap=1)
-            self.sock.sendto(b"malformed", worker)
-            self.sock.sendto(result.replace(job_id=header.job_id + 1).pack() + data[c.HEADER_BYTES:], worker)
-            self.sock.sendto(result.pack() + data[c.HEADER_BYTES:], worker)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.sock.close()
+    def answer(self, data: bytes, worker: tuple[str, int]) -> None:
+        header, _ = unpack_packet(data)
+        self.seqs.append(header.seq)
+        result = header.replace(msg_type=c.MsgType.RESULT, bitmap=1)
+        self.sock.sendto(b"malformed", worker)
+        self.sock.sendto(result.replace(job_id=header.job_id + 1).pack() + data[c.HEADER_BYTES:], worker)
+        self.sock.sendto(result.pack() + data[c.HEADER_BYTES:], worker)
 
 
 @pytest.mark.parametrize("native", [
