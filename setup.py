@@ -28,8 +28,9 @@ setup(
         ),
         Extension(
             "host_agent.transport._engine",
-            ["host_agent/transport/_engine.c", "host_agent/transport/engine_core.c"],
-            depends=["host_agent/transport/engine_core.h"],
+            ["host_agent/transport/_engine.c", "host_agent/transport/engine_core.c",
+             "host_agent/transport/engine_io.c"],
+            depends=["host_agent/transport/engine_core.h", "host_agent/transport/engine.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,
         ),

@@ -14,8 +14,7 @@ import pytest
 from controller.processes import ControllerProcess, SoftswitchProcess
 from lhc_ina.jobservice import jobservice_pb2 as pb
 from lhc_ina.jobservice.client import JobClient
-from lhc_ina.jobservice.errors import ControllerError
-from tests.harness.controller import store_state, switch_state
+from tests.harness.controller import refused, store_state, switch_state
 
 
 @pytest.fixture(scope="module")
@@ -33,50 +32,41 @@ def setup(tmp_path_factory) -> Iterator[tuple[SoftswitchProcess, ControllerProce
         yield sw, ctl, state
 
 
-def _refused(call, code: grpc.StatusCode, *words: str) -> str:
-    with pytest.raises(ControllerError) as info:
-        call()
-    assert info.value.code == code, info.value
-    for word in words:
-        assert word in info.value.message, info.value.message
-    return info.value.message
-
-
 def test_precise_errors(setup):
     _, ctl, _ = setup
     client = ctl.client
     nf = grpc.StatusCode.NOT_FOUND
-    _refused(lambda: client.status("nope"), nf, "'nope'")
-    _refused(lambda: client.join("nope", ip="127.0.0.1", udp_port=4000), nf, "'nope'")
-    _refused(lambda: client.delete_job("nope"), nf, "'nope'")
+    refused(lambda: client.status("nope"), nf, "'nope'")
+    refused(lambda: client.join("nope", ip="127.0.0.1", udp_port=4000), nf, "'nope'")
+    refused(lambda: client.delete_job("nope"), nf, "'nope'")
     bad = grpc.StatusCode.INVALID_ARGUMENT
-    _refused(lambda: client.create_job("big", workers=33), bad, "33 workers", "1..32")
-    _refused(lambda: client.create_job("none", workers=0), bad, "0 workers")
-    _refused(lambda: client.create_job("lanes", workers=2, lanes=32), bad, "32 lanes")
-    _refused(lambda: client.create_job("huge", workers=2, slots=5000), bad, "5000 slots")
-    _refused(lambda: client.create_job("", workers=2), bad, "job name")
+    refused(lambda: client.create_job("big", workers=33), bad, "33 workers", "1..32")
+    refused(lambda: client.create_job("none", workers=0), bad, "0 workers")
+    refused(lambda: client.create_job("lanes", workers=2, lanes=32), bad, "32 lanes")
+    refused(lambda: client.create_job("huge", workers=2, slots=5000), bad, "5000 slots")
+    refused(lambda: client.create_job("", workers=2), bad, "job name")
 
     client.create_job("errs", workers=2, slots=4)
-    _refused(lambda: client.create_job("errs", workers=2), grpc.StatusCode.ALREADY_EXISTS, "'errs' exists")
-    _refused(lambda: client.join("errs", ip="10.0.0.300", udp_port=4000), bad, "10.0.0.300", "IPv4")
-    _refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=0), bad, "UDP port 0")
-    _refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=19521), bad, "lhc range")
-    _refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=4000, mac="zz"), bad, "'zz'", "MAC")
-    _refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=4000, switch_port=511), bad, "511")
-    _refused(lambda: client.join("errs", host="h1", udp_port=4000), bad, "no topology")
+    refused(lambda: client.create_job("errs", workers=2), grpc.StatusCode.ALREADY_EXISTS, "'errs' exists")
+    refused(lambda: client.join("errs", ip="10.0.0.300", udp_port=4000), bad, "10.0.0.300", "IPv4")
+    refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=0), bad, "UDP port 0")
+    refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=19521), bad, "lhc range")
+    refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=4000, mac="zz"), bad, "'zz'", "MAC")
+    refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=4000, switch_port=511), bad, "511")
+    refused(lambda: client.join("errs", host="h1", udp_port=4000), bad, "no topology")
     first = client.join("errs", ip="127.0.0.1", udp_port=4000, name="a")
     assert first.rank == 0
     twice = grpc.StatusCode.ALREADY_EXISTS
-    _refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=4000, name="a"), twice, "already joined")
-    _refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=4000, name="b"), twice, "taken by rank 0")
-    _refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=4001, name="a"), twice, "named 'a'")
+    refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=4000, name="a"), twice, "already joined")
+    refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=4000, name="b"), twice, "taken by rank 0")
+    refused(lambda: client.join("errs", ip="127.0.0.1", udp_port=4001, name="a"), twice, "named 'a'")
     client.join("errs", ip="127.0.0.1", udp_port=4001, name="b")
-    _refused(
+    refused(
         lambda: client.join("errs", ip="127.0.0.1", udp_port=4002),
         grpc.StatusCode.FAILED_PRECONDITION,
         "all its 2 workers",
     )
-    _refused(lambda: client.heartbeat("errs", 7), nf, "no rank 7")
+    refused(lambda: client.heartbeat("errs", 7), nf, "no rank 7")
     client.delete_job("errs")
 
 
@@ -85,7 +75,7 @@ def test_slots_exhausted_and_freed(setup):
     client = ctl.client
     free = client.switch_status().slots_free
     client.create_job("most", workers=1, slots=free - 10)
-    message = _refused(
+    message = refused(
         lambda: client.create_job("more", workers=1, slots=11),
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         "wants 11 slots",
@@ -104,16 +94,16 @@ def test_slots_exhausted_and_freed(setup):
     assert switch_state(setup[0]) == store_state(state)
 
 
-def test_wrong_or_missing_token_is_refused(setup):
+def test_wrong_or_missing_token_isrefused(setup):
     _, ctl, _ = setup
     for token in (None, "guess"):
         with JobClient(ctl.listen, token=token) as stranger:
-            _refused(
+            refused(
                 lambda s=stranger: s.create_job("intruder", workers=1),
                 grpc.StatusCode.UNAUTHENTICATED,
                 "lhc-token",
             )
-            _refused(lambda s=stranger: next(s.watch("x", timeout=10)), grpc.StatusCode.UNAUTHENTICATED)
+            refused(lambda s=stranger: next(s.watch("x", timeout=10)), grpc.StatusCode.UNAUTHENTICATED)
     assert all(j.name != "intruder" for j in ctl.client.list_jobs())
 
 
@@ -126,7 +116,7 @@ def test_worker_that_never_joins_fails_the_job_by_name(setup):
     failed = next(i for i in client.watch("late", timeout=60) if i.state == pb.FAILED)
     assert "1 of 3 workers did not join within 2 s: rank 2;" in failed.failure
     assert "rank 0 'alice' 127.0.0.1:5000" in failed.failure and "'bob'" in failed.failure
-    _refused(
+    refused(
         lambda: client.join("late", ip="127.0.0.1", udp_port=5002),
         grpc.StatusCode.FAILED_PRECONDITION,
         "has failed",

@@ -27,6 +27,7 @@ from lhc_ina.jobservice import jobservice_pb2 as pb
 from lhc_ina.jobservice import jobservice_pb2_grpc as pb_grpc
 from lhc_ina.jobservice.client import WATCH_EXPIRED, JobClient
 from lhc_ina.jobservice.errors import ControllerError
+from tests.harness.controller import refused
 
 REPO = Path(__file__).resolve().parent.parent
 OPERATOR = "operator-s3cret"
@@ -45,15 +46,6 @@ def stack(tmp_path_factory) -> Iterator[tuple[SoftswitchProcess, ControllerProce
         ctl.wait_for_switch()
         assert ctl.ready["auth"] == "credentials"
         yield sw, ctl, state
-
-
-def _refused(call, code: grpc.StatusCode, *words: str) -> str:
-    with pytest.raises(ControllerError) as info:
-        call()
-    assert info.value.code == code, info.value
-    for word in words:
-        assert word in info.value.message, info.value.message
-    return info.value.message
 
 
 def _cli(ctl: ControllerProcess, token_file: Path, *argv: str) -> subprocess.CompletedProcess:
@@ -76,16 +68,16 @@ def test_a_job_credential_is_confined_to_its_job(stack, tmp_path):
         assert [m.name for m in worker_a.status("team-a").members] == ["a0"]
         assert [j.name for j in worker_a.list_jobs()] == ["team-a"]  # B is not even listed
         for ref in ("team-b", str(b.job_id), "no-such-job"):  # whether B exists is not told either
-            _refused(lambda r=ref: worker_a.join(r, ip="127.0.0.1", udp_port=4101), DENIED,
+            refused(lambda r=ref: worker_a.join(r, ip="127.0.0.1", udp_port=4101), DENIED,
                      "job 'team-a''s", f"may not join job {ref!r}")  # fmt: skip
-            _refused(lambda r=ref: worker_a.status(r), DENIED, f"may not read job {ref!r}")
-        _refused(lambda: worker_a.heartbeat("team-b", 0), DENIED, "team-a")
-        _refused(lambda: worker_a.leave("team-b", 0), DENIED, "team-a")
-        _refused(lambda: next(worker_a.watch("team-b", timeout=10)), DENIED, "may not watch job 'team-b'")
+            refused(lambda r=ref: worker_a.status(r), DENIED, f"may not read job {ref!r}")
+        refused(lambda: worker_a.heartbeat("team-b", 0), DENIED, "team-a")
+        refused(lambda: worker_a.leave("team-b", 0), DENIED, "team-a")
+        refused(lambda: next(worker_a.watch("team-b", timeout=10)), DENIED, "may not watch job 'team-b'")
         for call in (lambda: worker_a.delete_job("team-b"), lambda: worker_a.delete_job("team-a")):
-            _refused(call, DENIED, "deleting a job needs the operator's credential")
-        _refused(lambda: worker_a.create_job("team-c", workers=1), DENIED, "creating a job")
-        _refused(lambda: worker_a.switch_status(), DENIED, "operator")
+            refused(call, DENIED, "deleting a job needs the operator's credential")
+        refused(lambda: worker_a.create_job("team-c", workers=1), DENIED, "creating a job")
+        refused(lambda: worker_a.switch_status(), DENIED, "operator")
 
         # The credential is shown once: no other reply carries it, and the controller never logs it.
         assert not operator.status("team-a").job_credential
@@ -95,19 +87,19 @@ def test_a_job_credential_is_confined_to_its_job(stack, tmp_path):
         # The CLI: exit 5 and the gRPC code for a refusal; `job show` of its own job works.
         token_a = tmp_path / "a.credential"
         token_a.write_text(a.job_credential + "\n")
-        refused = _cli(ctl, token_a, "job", "show", "team-b")
-        assert refused.returncode == 5 and "PERMISSION_DENIED" in refused.stderr, refused
+        denied = _cli(ctl, token_a, "job", "show", "team-b")
+        assert denied.returncode == 5 and "PERMISSION_DENIED" in denied.stderr, denied
         shown = _cli(ctl, token_a, "job", "show", "team-a")
         assert shown.returncode == 0 and "a0" in shown.stdout and "lhcjob" not in shown.stdout, shown
 
         operator.delete_job("team-b")  # the operator may; B's credential dies with B
         with JobClient(ctl.listen, token=b.job_credential) as worker_b:
-            _refused(lambda: worker_b.status("team-b"), grpc.StatusCode.UNAUTHENTICATED, "deleted job")
+            refused(lambda: worker_b.status("team-b"), grpc.StatusCode.UNAUTHENTICATED, "deleted job")
         worker_a.leave("team-a", joined.rank)
     operator.delete_job("team-a")
 
 
-def test_lhc_agent_with_another_jobs_credential_is_refused(stack, tmp_path):
+def test_lhc_agent_with_another_jobs_credential_isrefused(stack, tmp_path):
     _, ctl, _ = stack
     mine = ctl.client.create_job("mine", workers=1, slots=2)
     ctl.client.create_job("theirs", workers=1, slots=2)
@@ -145,11 +137,11 @@ def test_a_join_is_tied_to_the_callers_address(stack):
     _, ctl, _ = stack
     job = ctl.client.create_job("tied", workers=3, slots=2)
     with JobClient(ctl.listen, token=job.job_credential) as worker:
-        _refused(lambda: worker.join("tied", ip="10.0.0.9", udp_port=4200), DENIED,
+        refused(lambda: worker.join("tied", ip="10.0.0.9", udp_port=4200), DENIED,
                  "worker address 10.0.0.9 is not the caller's (ipv4:127.0.0.1:")  # fmt: skip
-        _refused(lambda: worker.join("tied", ip="127.0.0.1", udp_port=4200, mac="02:00:00:00:00:09"), DENIED,
+        refused(lambda: worker.join("tied", ip="127.0.0.1", udp_port=4200, mac="02:00:00:00:00:09"), DENIED,
                  "cannot choose the MAC or switch port")  # fmt: skip
-        _refused(lambda: worker.join("tied", ip="127.0.0.1", udp_port=4200, switch_port=5), DENIED, "MAC")
+        refused(lambda: worker.join("tied", ip="127.0.0.1", udp_port=4200, switch_port=5), DENIED, "MAC")
         # A loopback caller is this host: any loopback address is its own.
         assert worker.join("tied", ip="127.0.0.2", udp_port=4200).rank == 0
     # The operator's credential vouches for any address.
@@ -202,7 +194,7 @@ def test_watches_are_bounded_and_released(stack):
             return stream
 
         first, second = open_watch(), open_watch()
-        _refused(lambda: next(client.watch("watched", timeout=10)), grpc.StatusCode.RESOURCE_EXHAUSTED,
+        refused(lambda: next(client.watch("watched", timeout=10)), grpc.StatusCode.RESOURCE_EXHAUSTED,
                  "2 watches open on job")  # fmt: skip
         assert next(ctl.client.watch("watched", timeout=10)).name == "watched"  # another credential's quota
         first.cancel()  # the client goes away: its thread and slot are free at once

@@ -8,7 +8,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import grpc
 import numpy as np
+import pytest
 
 from controller.processes import SoftswitchProcess
 from controller.reconcile import SwitchState, desired_state, read_state
@@ -18,6 +20,7 @@ from controller.targets import load_target
 from controller.topology import load_topology
 from lhc_ina import constants as c
 from lhc_ina.jobservice.client import Joined
+from lhc_ina.jobservice.errors import ControllerError
 from lhc_ina.p4rt import P4RuntimeClient
 from lhc_ina.wire import LhcHeader, pack_packet, unpack_packet
 from tests.harness.bmv2 import Bmv2Process
@@ -96,3 +99,13 @@ def two_worker_job(epoch: int = 3) -> JobRecord:
         for r in range(2)
     )
     return JobRecord(7, "j", JobState.ACTIVE, 2, 64, 16, c.LANES, 2, epoch, 10, 10, 0, members=members)
+
+
+def refused(call, code: grpc.StatusCode, *words: str) -> str:
+    """``call()`` must raise ControllerError with ``code`` and a message holding every one of ``words``."""
+    with pytest.raises(ControllerError) as info:
+        call()
+    assert info.value.code == code, info.value
+    for word in words:
+        assert word in info.value.message, info.value.message
+    return info.value.message
