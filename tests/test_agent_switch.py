@@ -235,3 +235,36 @@ def test_a_worker_killed_mid_bucket_is_named_by_the_others(stack) -> None:
         assert isinstance(error, AggregationError), f"rank {rank}: {error!r}"
         assert killed in error.ranks, (killed, error.ranks, str(error))
         assert f"rank {killed}" in str(error), str(error)
+
+
+def test_two_jobs_at_once_through_one_switch_are_exact_and_neither_starves(stack) -> None:
+    """Two jobs of 2 workers share softswitch (disjoint slots, one switch process): both end every call
+    exact, and their calls interleave: each job finishes a call while the other still has calls to go (a
+    starved job would finish nothing until the other was done)."""
+    _, controller = stack
+    inputs = {job: sparse_inputs(2, 200_000, 0.05, torch.float32, seed=job) for job in (0, 1)}
+    results: dict[int, list[object]] = {}
+    finished: dict[int, list[float]] = {0: [], 1: []}
+    both_joined = threading.Barrier(4)
+
+    def job(index: int) -> None:
+        def work(agent: Agent) -> list:
+            both_joined.wait(timeout=60)
+            done = []
+            for mode in ("dense", "union", "sketch", "dense", "union", "sketch"):
+                done.append(agent.allreduce(inputs[index][agent.rank], mode=mode, key=mode))
+                finished[index].append(time.monotonic())
+            return done
+
+        results[index] = run_agents(controller, 2, work)
+
+    threads = [threading.Thread(target=job, args=(index,)) for index in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    for index in (0, 1):
+        for call in range(6):
+            assert_exact([results[index][rank][call] for rank in range(2)], inputs[index])
+    for index, other in ((0, 1), (1, 0)):
+        assert min(finished[index]) < max(finished[other]), finished
