@@ -32,6 +32,10 @@ from lhc_ina.jobservice.errors import ControllerError
 
 #: A worker that has not finished by then is stuck: the demo fails instead of hanging.
 RUN_TIMEOUT_S = 900
+#: Slots per job, the most packets a worker keeps in flight: 64 (the controller's default, sized for a
+#: switch shared by many jobs) caps a loopback worker at 64 packets per round trip; the demo has the
+#: switch to itself.
+DEMO_SLOTS = 256
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +72,7 @@ def run_once(args: argparse.Namespace, run: str, controller: ControllerProcess, 
     job = None
     if run != "ddp":
         job = f"demo-{run}"
-        controller.client.create_job(job, workers=args.workers)
+        controller.client.create_job(job, workers=args.workers, slots=DEMO_SLOTS)
     master = f"127.0.0.1:{_free_port()}"
     outs = [scratch / f"{run}-{rank}.json" for rank in range(args.workers)]
     procs = [

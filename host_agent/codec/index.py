@@ -133,10 +133,16 @@ def expected_false_positives(spec: IndexSpec, items: int) -> float:
     return bloom_fp_rate(items, spec.words, spec.k) * max(0, spec.n_items - items)
 
 
+#: Seeds the table of bit patterns, which is fixed: the per-bucket, per-round seed already decides which
+#: word and which pattern each item takes. A table per seed cost an argsort of 131,072 keys on every call
+#: (its cache never hit, since the seed changes with every call): 11% of a demo worker's agent thread.
+_PATTERN_SEED = 0x5EED
+
+
 @functools.lru_cache(maxsize=64)
-def _patterns(seed: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _patterns(k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(masks int32 [4096], bit positions int64 [4096, k]): 4096 random patterns of k distinct bits."""
-    keys = mix32(torch.arange(_PATTERNS * 32, dtype=torch.int64, device=device).bitwise_xor_(seed))
+    keys = mix32(torch.arange(_PATTERNS * 32, dtype=torch.int64, device=device).bitwise_xor_(_PATTERN_SEED))
     order = torch.argsort(keys.view(_PATTERNS, 32), dim=1, stable=True)[:, :k]
     masks = torch.bitwise_left_shift(1, order).sum(dim=1)
     masks = torch.where(masks >= 1 << 31, masks - (1 << 32), masks).to(torch.int32)
@@ -156,7 +162,7 @@ def encode_index(spec: IndexSpec, items: torch.Tensor) -> torch.Tensor:
     if spec.kind == "bitmap":
         return words_from_positions(items, spec.words)
     word, pattern = _bloom_slots(spec, items)
-    _, positions = _patterns(spec.seed, spec.k, items.device)
+    _, positions = _patterns(spec.k, items.device)
     flags = torch.zeros(spec.words * 32, dtype=torch.bool, device=items.device)
     flags[(word * 32).unsqueeze(1) + positions[pattern]] = True
     return pack_bits(flags)
@@ -182,7 +188,7 @@ def query_bloom_native(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"the aggregated filter must be {spec.words} int32 CPU words, not {words.dtype}"
                          f" {tuple(words.shape)} on {words.device}")
     words = words.contiguous()
-    masks, _ = _patterns(spec.seed, spec.k, words.device)
+    masks, _ = _patterns(spec.k, words.device)
     hits = torch.empty((spec.n_items + 31) // 32, dtype=torch.int32)
     kernels.bloom_hits(spec.n_items, words.data_ptr(), spec.words, spec.seed & MASK32, masks.data_ptr(),
                       masks.numel(), hits.data_ptr())
@@ -191,7 +197,7 @@ def query_bloom_native(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
 
 def query_bloom_chunks(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
     """The Bloom filter query in torch, in chunks of items, on any device."""
-    masks, _ = _patterns(spec.seed, spec.k, words.device)
+    masks, _ = _patterns(spec.k, words.device)
     found = []
     for start in range(0, spec.n_items, _QUERY_CHUNK):
         ids = torch.arange(start, min(start + _QUERY_CHUNK, spec.n_items), device=words.device)
