@@ -98,7 +98,7 @@ class Channel:
             datagrams = self._impair_outgoing(datagrams)
         if not datagrams:
             return
-        sent, failed = self.io.send(self.sock, datagrams, self._destination())
+        sent, failed = self.io.send(self.sock, datagrams, self.destination())
         self.counters.sent += sent
         self.counters.dropped_out += failed
 
@@ -114,7 +114,8 @@ class Channel:
             kept.append(datagram)
         return kept
 
-    def _destination(self) -> tuple[str, int]:
+    def destination(self) -> tuple[str, int]:
+        """The switch as a dotted IPv4 address and port (resolved once per address)."""
         if self._resolved is None or self._resolved[0] != self.switch:
             host, port = self.switch
             self._resolved = (self.switch, (socket.gethostbyname(host), port))

@@ -13,7 +13,6 @@ refusal turns GSO off for good and the same datagrams leave one message each.
 
 from __future__ import annotations
 
-import logging
 import os
 import select
 import time
@@ -33,8 +32,6 @@ from host_agent.transport.window import (
 from lhc_ina import constants as c
 from lhc_ina.udp import ReceiveBatch
 from lhc_ina.wire import HEADER_OFFSETS, HEADER_SHIFTS
-
-log = logging.getLogger(__name__)
 
 _native: ModuleType | None
 try:
@@ -133,7 +130,7 @@ class NativeEngine:
     def _sync_switch(self) -> None:
         if self.channel is not None and self.channel.switch != self._switch:
             self._switch = self.channel.switch
-            host, port = self.channel._destination()
+            host, port = self.channel.destination()
             self._engine.set_switch(host, port)
 
     def set_switch(self, address: tuple[str, int]) -> None:
