@@ -179,3 +179,18 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_a_worker_closes_promptly_when_the_controller_is_gone(tmp_path: Path) -> None:
+    """Leaving the job and stopping the heartbeats are courtesies with short deadlines: with the
+    controller killed, close() returns in seconds, not after the RPCs' default 30 s each."""
+    import time
+
+    with SoftswitchProcess() as switch, ControllerProcess(switch, tmp_path) as controller:
+        controller.client.create_job("gone", workers=1)
+        agent = Agent.join(controller.listen, "gone", heartbeat_s=0.2)
+        assert agent.allreduce(torch.ones(10, dtype=torch.int32), mode="dense").total.sum() == 10
+        controller.kill()
+        started = time.monotonic()
+        agent.close()
+        assert time.monotonic() - started < 8.0
