@@ -43,6 +43,12 @@ PyObject *core_configure(PyObject *constants)
     };
     if (g.packet_bytes != g.header_bytes + 4 * g.lanes || g.packet_bytes + 1 > RX_SLOT)
         return PyErr_Format(PyExc_ValueError, "configure(): inconsistent packet layout");
+    double batch, burst;  /* sized into the engine's receive buffers at compile time: they must agree */
+    if (constant(constants, "RECEIVE_BATCH", &batch) < 0 || constant(constants, "RECEIVE_BURST", &burst) < 0)
+        return NULL;
+    if ((int)batch != RX_BATCH || (int)burst != RX_BURST)
+        return PyErr_Format(PyExc_ValueError, "configure(): receive batch %d and burst %d, compiled %d and %d",
+                            (int)batch, (int)burst, RX_BATCH, RX_BURST);
     g_configured = 1;
     Py_RETURN_NONE;
 }

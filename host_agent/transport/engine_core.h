@@ -11,8 +11,10 @@
 #include <netinet/in.h>
 #include <stdint.h>
 
-#define RX_BATCH 64      /* datagrams per recvmmsg (engines.RECEIVE_BATCH) */
-#define RX_BURST 256     /* at most this many per pump before the timers are looked at again */
+/* engines.RECEIVE_BATCH and RECEIVE_BURST, checked by configure(): datagrams per recvmmsg, and at most this
+ * many per drain before the timers are looked at again */
+#define RX_BATCH 64
+#define RX_BURST 256
 #define RX_SLOT 2048     /* a receive slot: longer than any lhc packet, so a longer datagram is never whole */
 
 /* The constants the reference owns (lhc_ina.constants, window.py, engine.py), set by configure(). */
