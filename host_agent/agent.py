@@ -105,7 +105,7 @@ class Agent:
         from host_agent.transport.switch import SwitchBackend
 
         backend = SwitchBackend.join(controller, job, **switch_options)
-        timeout_s = 2 * switch_options.get("timeout_s", backend.stream.timeout_s)
+        timeout_s = 2 * backend.stream.timeout_s
         return cls(backend, mode=mode, block=block, timeout_s=timeout_s, **(codec_options or {}))
 
     def __enter__(self) -> Agent:

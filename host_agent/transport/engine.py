@@ -29,24 +29,17 @@ Each loss also tells the window, which halves only when the delay says the path 
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from host_agent.transport.packets import PACKET_BYTES, StreamIdentity
+from host_agent.transport.packets import PACKET_BYTES, StreamIdentity, parse_result, result_words
 from host_agent.transport.window import RoundTrip, Window
 from lhc_ina import constants as c
 
 #: Results for this many later positions, and still none for p: p is lost.
 DUPLICATE_THRESHOLD = 1
-#: What the engine reads of a result, in one unpack: byte 0 (type, op, ver, flags), job, epoch, seq,
-#: bitmap (offsets checked against lhc_ina.wire by packets.py).
-_RESULT_FIELDS = struct.Struct("!B1xH2xHII")
-_TYPE_SHIFT = 4
-_RESULT_TYPES = (int(c.MsgType.RESULT), int(c.MsgType.RESULT_RETX))
 _LANES = c.LANES
-_PAYLOAD = np.dtype(">u4")
 
 
 @dataclass
@@ -187,17 +180,14 @@ class PacketEngine:
     def _check_result(self, now: float, datagram: bytes | memoryview, source: tuple[str, int],
                       completed: list[tuple[int, float]]) -> None:
         stats = self.stats
-        if source != self.switch or len(datagram) != PACKET_BYTES:
+        header = parse_result(datagram) if source == self.switch else None
+        if header is None or header.job_id != self.who.job_id:
             stats.foreign_packets += 1
             return
-        byte0, job_id, epoch, seq, bitmap = _RESULT_FIELDS.unpack_from(datagram)
-        if byte0 >> _TYPE_SHIFT not in _RESULT_TYPES or job_id != self.who.job_id:
-            stats.foreign_packets += 1
-            return
-        if epoch != self.who.epoch:
+        if header.epoch != self.who.epoch:
             stats.stale_results += 1
             return
-        position = self._low + ((seq - self._low) & 0xFFFFFFFF)
+        position = self._low + ((header.seq - self._low) & 0xFFFFFFFF)
         slot = position % self.who.slot_count
         if position >= self._send_next:
             stats.stale_results += 1
@@ -205,7 +195,7 @@ class PacketEngine:
         if self._received[slot]:
             stats.duplicate_results += 1
             return
-        if bitmap != self.full_mask:
+        if header.bitmap != self.full_mask:
             stats.partial_results += 1  # never a partial sum: wait for the full one
             return
         flight = self._ring[slot]
@@ -220,7 +210,7 @@ class PacketEngine:
         self._highest = max(self._highest, position)
         segment = self._segment_at(position)
         at = (position - segment.first) * _LANES
-        segment.result[at : at + _LANES] = np.frombuffer(datagram, _PAYLOAD, _LANES, c.HEADER_BYTES)
+        segment.result[at : at + _LANES] = result_words(datagram)
         segment.missing -= 1
         if segment.missing == 0:
             completed.append((segment.ident, segment.started))

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from lhc_ina import constants as c
-from lhc_ina.wire import HEADER_OFFSETS, PACKET_DTYPE, empty_packets, set_header_fields
+from lhc_ina.wire import HEADER_OFFSETS, HEADER_SHIFTS, PACKET_DTYPE, empty_packets, set_header_fields
 
 PACKET_BYTES = PACKET_DTYPE.itemsize
-_TYPE_SHIFT = 4
+_TYPE_SHIFT = HEADER_SHIFTS["msg_type"]
 #: What the receive path reads of a result, in one unpack: byte 0 (type, op, ver, flags), job, epoch, seq,
 #: bitmap.
 _RESULT_FIELDS = struct.Struct("!B1xH2xHII")
