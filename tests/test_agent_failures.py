@@ -184,7 +184,7 @@ def _free_port() -> int:
 def test_a_worker_closes_promptly_when_the_controller_hangs(tmp_path: Path) -> None:
     """Leaving the job and stopping the heartbeats are courtesies with short deadlines: with the
     controller stopped (SIGSTOP: it accepts connections and never answers), close() returns in seconds,
-    not after the RPCs' default 30 s each (about 50 s before)."""
+    not after the RPCs' default 30 s each (the issue measured about 50 s)."""
     import signal
     import time
 
