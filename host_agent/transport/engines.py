@@ -13,6 +13,7 @@ refusal turns GSO off for good and the same datagrams leave one message each.
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import time
@@ -32,6 +33,8 @@ from host_agent.transport.window import (
 from lhc_ina import constants as c
 from lhc_ina.udp import ReceiveBatch
 from lhc_ina.wire import HEADER_OFFSETS, HEADER_SHIFTS
+
+log = logging.getLogger(__name__)
 
 _native: ModuleType | None
 try:
@@ -204,6 +207,8 @@ def make_engine(who: StreamIdentity, world_size: int, channel: Channel, timeout_
         raise RuntimeError("the native packet engine (host_agent/transport/_engine.c) is not built")
     if native is None:
         native = _native is not None and channel.io.name == "native"
+        if _native is None:
+            log.info("packet engine: the Python reference (host_agent/transport/_engine.c is not built)")
     if native:
         return NativeEngine(who, world_size, channel, timeout_s)
     return ChannelEngine(who, world_size, channel, timeout_s)
