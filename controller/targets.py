@@ -6,7 +6,8 @@ All three speak P4Runtime (softswitch natively; BMv2 and Tofino through PI), so 
 - bmv2: the v1model P4Info and the JSON p4c writes (``make p4``: ``build/p4/v1model/lhc.json``).
 - tofino: bf-p4c's P4Info (``--p4runtime-force-std-externs``) and PI's Tofino device data (``make p4``
   writes ``build/p4/tna/lhc.device_config.bin``, see ``lhc_ina.tofino``). `replicas` is keyed on
-  ``eg_intr_md.egress_rid``, and a job's workers must share one pipe (port >> 7).
+  ``eg_intr_md.egress_rid`` and `workers` on ``ig_intr_md.ingress_port``, and a job's workers must share
+  one pipe (port >> 7).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from lhc_ina.tofino import TofinoBundleError, TofinoDeviceConfig
 
 BUILD = REPO_ROOT / "build" / "p4"
 TARGETS = ("softswitch", "bmv2", "tofino")
+#: The TNA program's names for the v1model intrinsic metadata that jobs.py's match fields name.
+TNA_FIELD_NAMES = {
+    "standard_metadata.egress_rid": "eg_intr_md.egress_rid",
+    "standard_metadata.ingress_port": "ig_intr_md.ingress_port",
+}
 
 
 @dataclass(frozen=True)
@@ -61,8 +67,7 @@ def load_target(name: str, p4info: Path | None = None, device_config: Path | Non
             blob = TofinoDeviceConfig.from_build(BUILD / "tna").pack()
         except TofinoBundleError as exc:
             raise errors.precondition(f"tofino: {exc}") from None
-    renames = {"standard_metadata.egress_rid": "eg_intr_md.egress_rid"}
-    return Target(name, _unqualified(index), blob, renames, pipe_shift=7)
+    return Target(name, _unqualified(index), blob, dict(TNA_FIELD_NAMES), pipe_shift=7)
 
 
 def _unqualified(index: P4InfoIndex, pipe: str = "pipe") -> P4InfoIndex:

@@ -232,7 +232,8 @@ def job_entries(
         tables.append(TableEntrySpec(
             WORKERS_TABLE,
             (("hdr.lhc.job_id", job.job_id), ("hdr.lhc.worker_id", w.rank),
-             ("hdr.ipv4.src_addr", ip_to_int(w.ip))),
+             ("hdr.ipv4.src_addr", ip_to_int(w.ip)), ("hdr.udp.src_port", w.udp_port),
+             ("standard_metadata.ingress_port", w.switch_port)),
             ADMIT_WORKER, (("worker_bit", w.bit),),
         ))
     for w in workers:

@@ -103,12 +103,13 @@ def data_frame(
     words: Sequence[int] | None,
     *,
     src_ip: str | None = None,
+    sport: int | None = None,
     switch_ip: str = SWITCH_IP,
     dport: int = c.UDP_PORT_BASE,
     extra: bytes = b"",
 ) -> Packet:
-    """A packet from ``worker`` to the switch at ``switch_ip``:``dport`` (``src_ip`` overrides the source
-    address, to spoof)."""
+    """A packet from ``worker`` to the switch at ``switch_ip``:``dport`` (``src_ip`` and ``sport``
+    override the source address and UDP port, to spoof)."""
     return lhc_frame(
         header,
         words,
@@ -116,7 +117,7 @@ def data_frame(
         eth_dst=SWITCH_MAC,
         ip_src=src_ip or worker.ip,
         ip_dst=switch_ip,
-        sport=worker.udp_port,
+        sport=worker.udp_port if sport is None else sport,
         dport=dport,
         extra=extra,
     )

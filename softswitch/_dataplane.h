@@ -30,7 +30,8 @@
     X(stat_drop_bad_type) X(stat_drop_bad_op) X(stat_drop_unknown_job) X(stat_drop_stale_epoch)           \
     X(stat_drop_slot_range) X(stat_drop_bad_worker) X(stat_drop_stale_round)                              \
     X(lanes) X(lane_bytes) X(slot_copies) X(num_stats) X(drop_port) X(max_port) X(rx_bytes) X(burst)      \
-    X(workers_job_shift) X(workers_worker_shift) X(replicas_job_shift) X(lpm_width)                       \
+    X(workers_job_shift) X(workers_worker_shift) X(workers_src_shift) X(workers_sport_shift)              \
+    X(replicas_job_shift) X(lpm_width)                                                                    \
     X(set_job_len) X(job_index_at) X(slot_base_at) X(slot_count_at) X(fan_in_at) X(mcast_grp_at)          \
     X(epoch_at) X(worker_bit_at) X(route_len) X(route_port_at) X(route_src_mac_at) X(route_dst_mac_at)    \
     X(set_port_at) X(replica_len) X(replica_dst_mac_at) X(replica_dst_addr_at) X(replica_dst_port_at)
@@ -111,6 +112,7 @@ int snapshot_take(Engine *e);
 void snapshot_drop(Engine *e);
 /* dict.get(key) for an int key: borrowed, NULL on a miss (or with an exception set: check). */
 PyObject *lookup(PyObject *dict, uint64_t key);
+PyObject *lookup_wide(PyObject *dict, unsigned __int128 key);
 /* Whether an action call (name, *params) is `name` (1, 0, or -1 with an exception). */
 int is_action(PyObject *call, PyObject *name);
 /* Param `at` of an action call; `size`, when > 0, is the tuple length pipeline.py unpacks. */

@@ -240,9 +240,12 @@ static int lhc_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_p
                 } else if (slot >= slot_count || slot_base + slot >= (uint64_t)e->max_slots) {
                     stat = L->stat_drop_slot_range;
                 } else {
-                    uint64_t key = (job_id << L->workers_job_shift) | (worker_id << L->workers_worker_shift)
-                                   | get_be(rx + L->ip_src, L->ip_addr_bytes);
-                    PyObject *worker = lookup(e->s.workers, key);
+                    unsigned __int128 key = ((unsigned __int128)job_id << L->workers_job_shift)
+                        | ((unsigned __int128)worker_id << L->workers_worker_shift)
+                        | ((unsigned __int128)get_be(rx + L->ip_src, L->ip_addr_bytes) << L->workers_src_shift)
+                        | ((unsigned __int128)get16(rx + L->udp_sport) << L->workers_sport_shift)
+                        | (unsigned __int128)ingress_port;
+                    PyObject *worker = lookup_wide(e->s.workers, key);
                     if (worker == NULL && PyErr_Occurred())
                         return -1;
                     if (worker == NULL) {

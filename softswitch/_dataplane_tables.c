@@ -64,6 +64,20 @@ PyObject *lookup(PyObject *dict, uint64_t key)
     return value;
 }
 
+/* lookup() for a key wider than 64 bits (the workers table's 81): built from its 16 big-endian bytes. */
+PyObject *lookup_wide(PyObject *dict, unsigned __int128 key)
+{
+    unsigned char bytes[16];
+    for (int i = 15; i >= 0; i--, key >>= 8)
+        bytes[i] = (unsigned char)key;
+    PyObject *k = _PyLong_FromByteArray(bytes, sizeof bytes, 0, 0);
+    if (k == NULL)
+        return NULL;
+    PyObject *value = PyDict_GetItemWithError(dict, k);
+    Py_DECREF(k);
+    return value;
+}
+
 /* Whether an action call (name, *params) is `name`: `action[0] == NAME` in pipeline.py. */
 int is_action(PyObject *call, PyObject *name)
 {

@@ -70,6 +70,7 @@ def layout(pipeline: Pipeline, burst: int) -> dict[str, int]:
     sizes = {f"{name}_bytes": widths[name] // 8 for name in fields}
     stats = {f"stat_{stat.name.lower()}": int(stat) for stat in c.Stat}
     workers, replicas = pipeline.workers.widths, pipeline.replicas.widths
+    job_shift, worker_shift, src_shift, sport_shift, _ = (sum(workers[i + 1:]) for i in range(len(workers)))
     return {
         "ethernet_bytes": c.ETHERNET_BYTES, "frame_ipv4": wire.FRAME_IPV4, "frame_udp": wire.FRAME_UDP,
         "frame_lhc": wire.FRAME_LHC, "frame_payload": wire.FRAME_PAYLOAD, "frame_end": wire.FRAME_END,
@@ -94,7 +95,8 @@ def layout(pipeline: Pipeline, burst: int) -> dict[str, int]:
         "num_stats": c.NUM_STATS, "drop_port": DROP_PORT, "max_port": MAX_PORT, "rx_bytes": RX_BYTES,
         "burst": burst,
         # exact keys are the match fields concatenated (tables.pack_key); ipv4_routes has one LPM field
-        "workers_job_shift": workers[1] + workers[2], "workers_worker_shift": workers[2],
+        "workers_job_shift": job_shift, "workers_worker_shift": worker_shift, "workers_src_shift": src_shift,
+        "workers_sport_shift": sport_shift,
         "replicas_job_shift": replicas[1], "lpm_width": pipeline.ipv4_routes.width,
         **_action_layout(program.SET_JOB, {name: f"{name}_at" for name in (
             "job_index", "slot_base", "slot_count", "fan_in", "mcast_grp", "epoch")}, "set_job_len"),

@@ -147,6 +147,8 @@ class Pipeline:
         self.tables = tables
         self.jobs: ExactTable = tables["LhcIngress.jobs"]  # type: ignore[assignment]
         self.workers: ExactTable = tables["LhcIngress.workers"]  # type: ignore[assignment]
+        # A worker's key (job, worker id, IPv4 source, UDP source, ingress port) packed as pack_key does.
+        self._worker_shifts = tuple(sum(self.workers.widths[i + 1:]) for i in range(len(self.workers.widths)))
         self.ipv4_routes: LpmTable = tables["LhcIngress.ipv4_routes"]  # type: ignore[assignment]
         self.l2_forward: ExactTable = tables["LhcIngress.l2_forward"]  # type: ignore[assignment]
         self.replicas: ExactTable = tables["LhcEgress.replicas"]  # type: ignore[assignment]
@@ -236,7 +238,7 @@ class Pipeline:
         if error or level != _PAYLOAD_VALID:
             stat = _DROP_MALFORMED
         else:
-            (_, _, total_len, _, _, src, _, _, _, udp_len, byte0, worker_id, job_id, slot, epoch, seq) = (
+            (_, _, total_len, _, _, src, _, sport, _, udp_len, byte0, worker_id, job_id, slot, epoch, seq) = (
                 _HEADERS.unpack_from(rx)
             )
             flags = (byte0 >> _FLAGS_SHIFT) & _FLAGS_MASK
@@ -259,7 +261,11 @@ class Pipeline:
                     elif slot >= slot_count or slot_base + slot >= self.max_slots:
                         stat = _DROP_SLOT_RANGE
                     else:
-                        worker = self.workers.entries.get((job_id << 40) | (worker_id << 32) | src)
+                        s_job, s_worker, s_src, s_sport, _ = self._worker_shifts
+                        worker = self.workers.entries.get(
+                            (job_id << s_job) | (worker_id << s_worker) | (src << s_src) | (sport << s_sport)
+                            | ingress_port
+                        )
                         if worker is None:
                             stat = _DROP_BAD_WORKER
                         else:

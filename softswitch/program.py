@@ -26,7 +26,9 @@ DROP_REPLICA = "LhcEgress.drop_replica"
 TABLES: dict[str, tuple[tuple[tuple[str, int], ...], str]] = {
     "LhcIngress.jobs": ((("hdr.lhc.job_id", 16),), "exact"),
     "LhcIngress.workers": (
-        (("hdr.lhc.job_id", 16), ("hdr.lhc.worker_id", 8), ("hdr.ipv4.src_addr", 32)), "exact"
+        (("hdr.lhc.job_id", 16), ("hdr.lhc.worker_id", 8), ("hdr.ipv4.src_addr", 32), ("hdr.udp.src_port", 16),
+         ("standard_metadata.ingress_port", 9)),
+        "exact",
     ),
     "LhcIngress.ipv4_routes": ((("hdr.ipv4.dst_addr", 32),), "lpm"),
     "LhcIngress.l2_forward": ((("hdr.ethernet.dst_addr", 48),), "exact"),

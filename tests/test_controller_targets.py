@@ -11,7 +11,7 @@ import pytest
 from p4.v1 import p4runtime_pb2 as p4v1
 
 from controller.processes import ControllerProcess, SoftswitchProcess
-from controller.targets import load_target
+from controller.targets import TNA_FIELD_NAMES, load_target
 from lhc_ina.jobservice.errors import ControllerError
 from lhc_ina.p4rt import P4RuntimeClient
 from lhc_ina.tofino import TofinoBundleError, TofinoDeviceConfig, main
@@ -124,9 +124,9 @@ def test_tofino_target_takes_bf_p4c_names(tmp_path):
     for kind in ("tables", "actions", "counters", "registers"):
         for entity in getattr(p4info, kind):
             entity.preamble.name = "pipe." + entity.preamble.name
-    replicas = next(t for t in p4info.tables if t.preamble.name == "pipe.LhcEgress.replicas")
-    next(m for m in replicas.match_fields if m.name == "standard_metadata.egress_rid").name = (
-        "eg_intr_md.egress_rid")
+    for table in p4info.tables:
+        for match in table.match_fields:
+            match.name = TNA_FIELD_NAMES.get(match.name, match.name)
     (tmp_path / "p4info.txtpb").write_text(text_format.MessageToString(p4info))
     (tmp_path / "bundle.bin").write_bytes(b"device data")
     tofino = load_target("tofino", tmp_path / "p4info.txtpb", tmp_path / "bundle.bin")
@@ -138,6 +138,7 @@ def test_tofino_target_takes_bf_p4c_names(tmp_path):
                if u.entity.HasField("table_entry")]
     assert {d.table for d in decoded} == {"LhcIngress.jobs", "LhcIngress.workers", "LhcEgress.replicas"}
     assert all("eg_intr_md.egress_rid" in d.match for d in decoded if d.table == "LhcEgress.replicas")
+    assert all("ig_intr_md.ingress_port" in d.match for d in decoded if d.table == "LhcIngress.workers")
     group = next(u for u in updates if u.entity.HasField("packet_replication_engine_entry"))
     replica = group.entity.packet_replication_engine_entry.multicast_group_entry.replicas[0]
     assert replica.WhichOneof("port_kind") == "egress_port"  # the field PI's Tofino backend reads

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from p4.config.v1 import p4info_pb2
 
+from controller.targets import TNA_FIELD_NAMES
 from lhc_ina import constants as c
 from lhc_ina.p4info import P4InfoIndex
 
@@ -416,7 +417,7 @@ def test_tna_has_the_v1model_tables_and_actions(tna: P4Program, v1model: P4Progr
     controller has nothing to write there."""
     for name, table in v1model.tables.items():
         theirs = tna.tables[name]
-        keys = [(e.replace("standard_metadata.", "eg_intr_md."), k) for e, k in table.keys]
+        keys = [(TNA_FIELD_NAMES.get(e, e), k) for e, k in table.keys]
         assert theirs.keys == keys, name
         assert theirs.actions == table.actions and theirs.default_action == table.default_action, name
         assert theirs.default_only == table.default_only and theirs.const_default, name

@@ -293,19 +293,18 @@ def test_udp_bursts_match_the_python_port_and_pipeline():
         for up in job_updates(INDEX, job):
             entities.write(up)
         jobs_.append(job)
-    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sender.bind(("127.0.0.1", 0))
+    junk_sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rng = np.random.default_rng(7)
-    datagrams = []
+    datagrams = []  # (rank, bytes): a rank's packets leave from its own socket (the switch checks the port)
     for p in range(24):  # rounds, repeats of finished rounds (RETX to the sender) and junk
         for rank in rng.permutation(3):
             words = rng.integers(0, 1 << 32, c.LANES, dtype=np.uint64).astype(np.uint32)
-            datagrams.append(data_packet(jobs_[0], int(rank), words, **position(jobs_[0], p)))
-        datagrams += [datagrams[-2], rng.bytes(int(rng.integers(0, 300)))]
+            datagrams.append((int(rank), data_packet(jobs_[0], int(rank), words, **position(jobs_[0], p))))
+        datagrams += [datagrams[-2], (None, rng.bytes(int(rng.integers(0, 300))))]
     try:
-        for datagram in datagrams:
-            for port in ports:
-                sender.sendto(datagram, port.address)
+        for rank, datagram in datagrams:
+            for side, port in zip(ranks, ports, strict=True):
+                (junk_sender if rank is None else side[rank]).sendto(datagram, port.address)
         select.select([ports[1]], [], [], 3)
         while (length := ports[0].receive()) >= 0:
             twins.python.process(length, 1, lambda _, frame: ports[0].send(frame))
@@ -319,14 +318,13 @@ def test_udp_bursts_match_the_python_port_and_pipeline():
         assert twins.state_differs() == []
         assert twins.native.port_counters()[1] == {"frames_in": len(datagrams), "dropped_non_udp": 0,
                                                    "send_errors": 0}
-        for python_rank, native_rank in zip(*ranks, strict=True):
-            expected = [python_rank.recv(2048) for _ in range(24)]
-            assert [native_rank.recv(2048) for _ in range(24)] == expected
-        replies = [sender.recvfrom(2048) for _ in range(2 * 24)]  # each repeat's RESULT_RETX, to its sender
-        by_port = [[data for data, source in replies if source == port.address] for port in ports]
-        assert len(by_port[0]) == 24 and by_port[1] == by_port[0]
+        repeats = [rank for i, (rank, _) in enumerate(datagrams) if i % 5 == 3]  # each answered by a RETX
+        for rank, (python_rank, native_rank) in enumerate(zip(*ranks, strict=True)):
+            count = 24 + repeats.count(rank)  # a RESULT per round, and its own repeats' RESULT_RETX
+            expected = [python_rank.recv(2048) for _ in range(count)]
+            assert [native_rank.recv(2048) for _ in range(count)] == expected
     finally:
-        for sock in [sender, *ports, *(s for side in ranks for s in side)]:
+        for sock in [junk_sender, *ports, *(s for side in ranks for s in side)]:
             sock.close()
 
 

@@ -154,8 +154,9 @@ def test_duplicate_of_a_finished_copy_is_answered_by_unicast_result_retx(switch)
     install(switch, job)
     a, b = words(), words()
     aggregate(pipeline, job, [a, b], slot=5, seq=9)
-    out = pipeline.inject(data_frame(job, 0, words(), slot=5, seq=9), 4)  # on another port: back out of it
-    assert [port for port, _ in out] == [4]
+    port = job.workers[0].switch_port
+    out = pipeline.inject(data_frame(job, 0, words(), slot=5, seq=9), port)  # back out of its ingress port
+    assert [p for p, _ in out] == [port]
     dst_mac, src_mac, src_ip, dst_ip, sport, dport, header, payload = parse(out[0][1])
     worker = job.workers[0]
     assert (dst_mac, src_mac) == (wire.mac_bytes(worker.mac), wire.mac_bytes(SWITCH_MAC))

@@ -339,6 +339,8 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
             hdr.lhc.job_id: exact;
             hdr.lhc.worker_id: exact;
             hdr.ipv4.src_addr: exact;
+            hdr.udp.src_port: exact;
+            ig_intr_md.ingress_port: exact;
         }
         actions = { admit_worker; @defaultonly reject_worker; }
         const default_action = reject_worker();

@@ -151,6 +151,8 @@ control LhcIngress(inout lhc_headers_t hdr,
             hdr.lhc.job_id: exact;
             hdr.lhc.worker_id: exact;
             hdr.ipv4.src_addr: exact;
+            hdr.udp.src_port: exact;
+            standard_metadata.ingress_port: exact;
         }
         actions = {
             admit_worker;
