@@ -9,8 +9,6 @@ bogus seq would otherwise pin a fresh slot copy's round so that the real packets
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from lhc_ina import constants as c
 from ptf_tests import frames
 from ptf_tests.base import Job, LhcTest

@@ -26,8 +26,8 @@ DROP_REPLICA = "LhcEgress.drop_replica"
 TABLES: dict[str, tuple[tuple[tuple[str, int], ...], str]] = {
     "LhcIngress.jobs": ((("hdr.lhc.job_id", 16),), "exact"),
     "LhcIngress.workers": (
-        (("hdr.lhc.job_id", 16), ("hdr.lhc.worker_id", 8), ("hdr.ipv4.src_addr", 32), ("hdr.udp.src_port", 16),
-         ("standard_metadata.ingress_port", 9)),
+        (("hdr.lhc.job_id", 16), ("hdr.lhc.worker_id", 8), ("hdr.ipv4.src_addr", 32),
+         ("hdr.udp.src_port", 16), ("standard_metadata.ingress_port", 9)),
         "exact",
     ),
     "LhcIngress.ipv4_routes": ((("hdr.ipv4.dst_addr", 32),), "lpm"),

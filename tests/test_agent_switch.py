@@ -6,26 +6,21 @@ socket) and checks every worker's result bit for bit against the plain sum of th
 
 from __future__ import annotations
 
-import itertools
 import json
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from controller.processes import ControllerProcess, SoftswitchProcess
 from host_agent.agent import Agent
-from host_agent.codec.quantize import dequantize, quantize
 from host_agent.errors import AggregationError
 from host_agent.transport.channel import Impairment
-
-_JOBS = itertools.count()
+from tests.harness.agents import assert_exact, job_name, run_agents, sparse_inputs
 
 
 @pytest.fixture(scope="module")
@@ -33,63 +28,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     state = tmp_path_factory.mktemp("controller")
     with SoftswitchProcess() as switch, ControllerProcess(switch, Path(state)) as controller:
         yield switch, controller
-
-
-def run_agents(controller: ControllerProcess, world: int, work: Callable[[Agent], object], *,
-               create: dict | None = None, **join: object) -> list[object]:
-    """Join ``world`` agents to a fresh job and run ``work`` on each in its own thread; the results (or
-    raised exceptions) in rank order."""
-    job = f"job-{next(_JOBS)}"
-    controller.client.create_job(job, workers=world, **(create or {}))
-    results: dict[int, object] = {}
-    agents: list[Agent] = []
-    lock = threading.Lock()
-
-    def member() -> None:
-        agent = Agent.join(controller.listen, job, **join)
-        with lock:
-            agents.append(agent)
-        try:
-            results[agent.rank] = work(agent)
-        except Exception as exc:  # the test inspects it
-            results[agent.rank] = exc
-
-    threads = [threading.Thread(target=member) for _ in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=300)
-    for agent in agents:
-        agent.close()
-    assert sorted(results) == list(range(world)), "an agent never finished"
-    return [results[rank] for rank in range(world)]
-
-
-def sparse_inputs(world: int, n: int, density: float, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(world):
-        x = np.zeros(n, np.float64)
-        hit = rng.choice(n, max(1, int(n * density)), replace=False)
-        integers = dtype == torch.int32
-        x[hit] = rng.integers(-(2**20), 2**20, hit.size) if integers else rng.normal(0, 1e-2, hit.size)
-        out.append(torch.from_numpy(x).to(dtype))
-    return out
-
-
-def expected_total(inputs: list[torch.Tensor], scale: int | None) -> torch.Tensor:
-    """The plain sum of the inputs, quantized at the agreed scale when they are floats."""
-    if scale is None:
-        return torch.stack(inputs).sum(0, dtype=torch.int64).to(torch.int32)
-    total = torch.stack([quantize(x, scale) for x in inputs]).sum(0, dtype=torch.int64).to(torch.int32)
-    return dequantize(total, scale, inputs[0].dtype)
-
-
-def assert_exact(results: list[object], inputs: list[torch.Tensor]) -> None:
-    for rank, result in enumerate(results):
-        assert not isinstance(result, Exception), f"rank {rank}: {result!r}"
-        scale = result.stats["codec"].get("scale")
-        assert torch.equal(result.total, expected_total(inputs, scale)), f"rank {rank} is not exact"
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -199,7 +137,7 @@ def test_a_worker_killed_mid_bucket_is_named_by_the_others(stack) -> None:
     """kill -9 of one worker process while a large bucket is in flight: its heartbeats stop, the
     controller fails the job naming it, and every other worker raises an AggregationError with its rank."""
     _, controller = stack
-    job = f"job-{next(_JOBS)}"
+    job = job_name()
     controller.client.create_job(job, workers=3, heartbeat_timeout_s=3.0)
     victim = subprocess.Popen(
         [sys.executable, "-m", "host_agent.cli", "--controller", controller.listen, "--job", job,

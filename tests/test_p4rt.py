@@ -94,12 +94,13 @@ def test_job_entry_encodes_every_param_by_name(lhc: EntityBuilder) -> None:
 def test_worker_entry_takes_an_ipv4_string(lhc: EntityBuilder) -> None:
     entry = lhc.table_entry(
         "LhcIngress.workers",
-        {"hdr.lhc.job_id": 1, "hdr.lhc.worker_id": 0, "hdr.ipv4.src_addr": "10.0.0.1", "hdr.udp.src_port": 40000,
-         "standard_metadata.ingress_port": 3},
+        {"hdr.lhc.job_id": 1, "hdr.lhc.worker_id": 0, "hdr.ipv4.src_addr": "10.0.0.1",
+         "hdr.udp.src_port": 40000, "standard_metadata.ingress_port": 3},
         "LhcIngress.admit_worker",
         {"worker_bit": 1 << 31},
     )
-    assert [m.exact.value for m in entry.match] == [b"\x01", b"\x00", b"\x0a\x00\x00\x01", b"\x9c\x40", b"\x03"]
+    values = [m.exact.value for m in entry.match]
+    assert values == [b"\x01", b"\x00", b"\x0a\x00\x00\x01", b"\x9c\x40", b"\x03"]
     assert entry.action.action.params[0].value == b"\x80\x00\x00\x00"
 
 
