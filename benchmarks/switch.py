@@ -7,9 +7,9 @@ which carries ``native_over_python``: its packets_per_s over the python row's of
   over P4Runtime, and W simulated workers in this process that keep ``--window`` aggregation rounds in
   flight over UDP on loopback. Every round is W DATA packets of ``LANES`` words; the switch multicasts
   each result to all W workers, and every copy is received and checked bit for bit against the expected
-  sum. The workers' DATA packets are built vectorized and leave one socket by UDP GSO; each rank's
-  results arrive on its own socket (with UDP_GRO: a run the switch sent as one GSO message arrives as
-  one buffer) and are checked datagram by datagram with numpy, so that the generator is not what bounds
+  sum. The workers' DATA packets are built vectorized and leave each rank's own socket by UDP GSO (the
+  switch admits a rank only from its UDP port); its results arrive on that socket (with UDP_GRO: a run
+  the switch sent as one GSO message arrives as one buffer) and are checked datagram by datagram with numpy, so that the generator is not what bounds
   the figure. This is the number the project quotes: it includes the
   kernel's UDP path on both sides.
 - ``pipeline``: the same DATA packets through the pipeline in this process with no sockets:
@@ -175,6 +175,7 @@ class _Results:
         for _ in range(workers):
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)  # a window's packets at once
             with contextlib.suppress(OSError):  # a kernel without UDP_GRO: one datagram per message
                 sock.setsockopt(socket.SOL_UDP, _UDP_GRO, 1)
             sock.bind(("127.0.0.1", 0))
@@ -213,53 +214,52 @@ class _Results:
                    for seqs in self.seqs)
 
 
-def _data_packets(job: JobLayout, values: np.ndarray, first: int, rounds: int) -> memoryview:
+def _data_packets(job: JobLayout, values: np.ndarray, first: int, rounds: int) -> list[memoryview]:
     """Packets ``first .. first + rounds - 1`` of every rank's stream (docs/protocol.md, section 3), built
-    in one vectorized pass, back to back: round order, then rank order."""
+    in one vectorized pass: one run of packets per rank, in round order."""
     workers = len(job.workers)
-    p = np.repeat(np.arange(first, first + rounds, dtype=np.int64), workers)
-    ranks = np.tile(np.arange(workers), rounds)
+    p = np.tile(np.arange(first, first + rounds, dtype=np.int64), workers)
+    ranks = np.repeat(np.arange(workers), rounds)
     packets = empty_packets(rounds * workers)
     set_header_fields(packets, msg_type=c.MsgType.DATA, op=c.Op.ADD,
                       ver=(p // job.slot_count) % c.SLOT_COPIES, worker_id=ranks, job_id=job.job_id,
                       slot=p % job.slot_count, epoch=job.epoch, seq=p & 0xFFFFFFFF)
     packets["payload"] = values[ranks]
-    return memoryview(packets.tobytes())
+    raw = memoryview(packets.tobytes())
+    run = rounds * PACKET_DTYPE.itemsize
+    return [raw[rank * run : (rank + 1) * run] for rank in range(workers)]
 
 
 class _Sender:
-    """The ranks' DATA packets out of one socket, as UDP GSO sends (UDP_SEGMENT: one system call and one
+    """A rank's DATA packets out of its socket, as UDP GSO sends (UDP_SEGMENT: one system call and one
     trip down the stack for up to 64 datagrams of one size; the receiver still gets separate datagrams),
     or with sendmmsg where the kernel refuses GSO."""
 
     def __init__(self, io: BatchIO) -> None:
         self.io = io
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
-        self.sock.bind(("127.0.0.1", 0))
         self.gso = True
 
-    def send(self, raw: memoryview, address: tuple[str, int]) -> None:
+    def send(self, sock: socket.socket, raw: memoryview, address: tuple[str, int]) -> None:
         size = PACKET_DTYPE.itemsize
         if self.gso:
             option = [(socket.SOL_UDP, _UDP_SEGMENT, struct.pack("=H", size))]
             step = size * _GSO_SEGMENTS
             try:
                 for at in range(0, len(raw), step):
-                    self.sock.sendmsg([raw[at : at + step]], option, 0, address)
+                    sock.sendmsg([raw[at : at + step]], option, 0, address)
                 return
             except OSError as error:
                 if at or error.errno not in (errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP, errno.EIO):
                     raise
                 self.gso = False  # a kernel without UDP GSO: one datagram per message
-        self.io.send(self.sock, [raw[i : i + size] for i in range(0, len(raw), size)], address)
+        self.io.send(sock, [raw[i : i + size] for i in range(0, len(raw), size)], address)
 
 
 def _run_udp(workers: int, seconds: float, window: int, slots: int, pipeline: str) -> dict[str, Any]:
-    """W ranks keep ``window`` rounds in flight; every result copy is checked. The ranks' DATA packets
-    leave one socket (the workers table keys on the source address, not the port), each
-    rank's results arrive on its own socket, drained with recvmmsg: the generator batches as the switch
-    does, so that the switch is what is measured."""
+    """W ranks keep ``window`` rounds in flight; every result copy is checked. Each rank's DATA packets
+    leave its own socket (the workers table keys on the UDP source port too) and its results arrive there,
+    drained with recvmmsg: the generator batches as the switch does, so that the switch is what is
+    measured."""
     io = batch_io()
     sender = _Sender(io)
     receivers = _Results.open(workers)
@@ -279,7 +279,9 @@ def _run_udp(workers: int, seconds: float, window: int, slots: int, pipeline: st
         while True:
             if time.perf_counter() < deadline and window - (sent - completed) >= refill:
                 rounds = window - (sent - completed)
-                sender.send(_data_packets(switch.job, values, sent, rounds), switch.udp_addr)
+                runs = _data_packets(switch.job, values, sent, rounds)
+                for sock, run in zip(receivers, runs, strict=True):
+                    sender.send(sock, run, switch.udp_addr)
                 sent += rounds
             if completed == sent:
                 break
@@ -291,7 +293,7 @@ def _run_udp(workers: int, seconds: float, window: int, slots: int, pipeline: st
         switch_cpu = switch.cpu_seconds() - cpu_before
     finally:
         switch.stop()
-        for sock in [sender.sock, *receivers]:
+        for sock in receivers:
             sock.close()
     exact = results.mismatched == 0 and results.every_round_once_to_every_rank(completed)
     # The switch's CPU time per packet says what the switch costs whatever else the machine runs.
