@@ -66,7 +66,7 @@ class Attacker:
             LhcHeader(worker_id=0, seq=seq, **as_a),  # A's rank 0, A's round, from another port
             LhcHeader(worker_id=1, seq=seq, **as_a),  # another of A's ranks
             LhcHeader(worker_id=1, seq=seq, **{**as_a, "epoch": (a.epoch + 1) & 0xFFFF}),  # stale epoch
-            LhcHeader(worker_id=0, seq=seq, job_id=b.job_id, epoch=b.epoch,  # past B's range: a neighbour's cells
+            LhcHeader(worker_id=0, seq=seq, job_id=b.job_id, epoch=b.epoch,  # past B's range
                       slot=b.slot_count + int(rng.integers(0, 64)), ver=ver),
             LhcHeader(worker_id=0, seq=0x7E570000 + seq, **as_a),  # a bogus seq that would pin a copy
         ]
