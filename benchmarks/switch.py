@@ -9,9 +9,9 @@ which carries ``native_over_python``: its packets_per_s over the python row's of
   each result to all W workers, and every copy is received and checked bit for bit against the expected
   sum. The workers' DATA packets are built vectorized and leave each rank's own socket by UDP GSO (the
   switch admits a rank only from its UDP port); its results arrive on that socket (with UDP_GRO: a run
-  the switch sent as one GSO message arrives as one buffer) and are checked datagram by datagram with numpy, so that the generator is not what bounds
-  the figure. This is the number the project quotes: it includes the
-  kernel's UDP path on both sides.
+  the switch sent as one GSO message arrives as one buffer) and are checked datagram by datagram with
+  numpy, so that the generator is not what bounds the figure. This is the number the project quotes: it
+  includes the kernel's UDP path on both sides.
 - ``pipeline``: the same DATA packets through the pipeline in this process with no sockets:
   ``Pipeline.process`` (python) or ``NativePipeline.inject`` (native, one Python call per frame).
 
