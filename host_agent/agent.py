@@ -4,6 +4,7 @@
     result = agent.allreduce(gradient, key="bucket-0")                # mode "auto" by default
     result.total, result.stats["mode"], result.stats["bytes_sent"]
     future = agent.allreduce_async(other, key="bucket-1")             # concurrent.futures.Future
+    shard = agent.allreduce(gradient, output_range=(lo, hi)).total    # decodes elements lo..hi-1 only
     agent.close()
 
 Calls run one at a time, in call order, on the agent's own thread: every worker must make the same calls
@@ -37,6 +38,7 @@ import torch
 from host_agent.auto import LINK_AGREE_EVERY, agreed_link, choose_mode, link_words
 from host_agent.backend import Backend, LinkEstimate
 from host_agent.codec import MODES, CodecState, Message, WorkerSession
+from host_agent.codec.output import OutputRange
 from host_agent.errors import AggregationError
 from host_agent.seal import SealedRound
 from lhc_ina.constants import FRAME_BYTES, Op
@@ -63,6 +65,7 @@ class _Call:
     mode: str
     key: Hashable
     block: int
+    output_range: tuple[int, int] | None
     session: WorkerSession | None = None
     chosen: str = ""
     reason: str = ""
@@ -139,21 +142,27 @@ class Agent:
         self._link = None if state["link"] is None else LinkEstimate(*state["link"])
 
     def allreduce(self, tensor: torch.Tensor, *, mode: str | None = None, key: Hashable | None = None,
-                  block: int | None = None) -> AllreduceResult:
+                  block: int | None = None, output_range: tuple[int, int] | None = None) -> AllreduceResult:
         """The exact sum of ``tensor`` over all workers (see :meth:`allreduce_async`)."""
-        return self.allreduce_async(tensor, mode=mode, key=key, block=block).result()
+        future = self.allreduce_async(tensor, mode=mode, key=key, block=block, output_range=output_range)
+        return future.result()
 
     def allreduce_async(self, tensor: torch.Tensor, *, mode: str | None = None, key: Hashable | None = None,
-                        block: int | None = None) -> Future[AllreduceResult]:
+                        block: int | None = None,
+                        output_range: tuple[int, int] | None = None) -> Future[AllreduceResult]:
         """Start aggregating ``tensor`` (any shape; int32 exactly, floats at one agreed power-of-two
         scale). ``key`` names the bucket whose codec state carries over (default: its size and dtype).
+        ``output_range`` ``(lo, hi)``: decode only the flat elements lo..hi-1 (this worker's shard of a
+        reduce_scatter); the total is then that 1-D slice of the whole sum, bit for bit. Workers may pass
+        different ranges: the messages do not depend on it (:mod:`host_agent.codec.output`).
         ``tensor`` must not change until the future is done."""
         mode = mode or self.mode
         if mode not in AGENT_MODES:
             raise ValueError(f"mode must be one of {AGENT_MODES}, not {mode!r}")
+        OutputRange.of(output_range, tensor.numel())  # a bad range fails here, not on the agent's thread
         key = (tensor.numel(), tensor.dtype) if key is None else key
         with self._lock:  # queue and submit together: the n-th submission runs the n-th queued call
-            call = _Call(self._calls, tensor, mode, key, block or self.block)
+            call = _Call(self._calls, tensor, mode, key, block or self.block, output_range)
             self._calls += 1
             self._queue.append(call)
             self._pending += 1
@@ -202,7 +211,7 @@ class Agent:
         # Phase times for the stats; on a GPU they would cost a synchronize per phase, so only on request.
         options = {"timing": call.tensor.device.type == "cpu", **self.codec_options}
         session = WorkerSession(call.tensor.reshape(-1), self.rank, self.world_size, mode=call.chosen,
-                                block=call.block, state=state, **options)
+                                block=call.block, state=state, output_range=call.output_range, **options)
         call.session = session
         session.advance()
 
@@ -247,6 +256,8 @@ class Agent:
             "mode": call.chosen,
             "mode_reason": call.reason,
             "elements": call.tensor.numel(),
+            "output_range": call.output_range or (0, call.tensor.numel()),
+            "decoded_elements": codec_stats["decoded_elements"],  # the work the output range saves
             "rounds": rounds,
             "messages": messages,
             "words_sent": words,
@@ -265,7 +276,8 @@ class Agent:
             "transport": counters,
         }
         self.last_stats = stats
-        return AllreduceResult(total.reshape(call.tensor.shape), stats)
+        shaped = call.output_range is None  # a range's total is 1-D, as the range is of flat elements
+        return AllreduceResult(total.reshape(call.tensor.shape) if shaped else total, stats)
 
     def _send(self, session: WorkerSession, sealed: SealedRound, first: bool) -> list[Future | None]:
         """Hand a round's wire messages to the backend. A backend that cannot survive messages of different

@@ -135,17 +135,19 @@ class LhcProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # torch's names
                               opts: Any = None) -> dist.Work:
-        """The sum (or mean) of every rank's ``input``, this rank's slice of it into ``output``."""
+        """The sum (or mean) of every rank's ``input``, this rank's slice of it into ``output``. Every rank
+        sends its whole input, but decodes only its slice (the agent's ``output_range``: all of the
+        sketch is still peeled in sketch mode); the slice is that of ``all_reduce``'s total, bit for bit."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         if not _routed([input, output], opts.reduceOp):
             return self.inner.reduce_scatter_single(output, input, opts)
         n = output.numel()
         if input.numel() != n * self._size:
             raise ValueError(f"reduce_scatter: input of {input.numel()} elements for {self._size} x {n}")
-        shard = slice(self._rank * n, (self._rank + 1) * n)
         self.aggregated["reduce_scatter"] += 1
-        return self._aggregate(input, opts.reduceOp,
-                               lambda total: output.copy_(total.reshape(-1)[shard].view_as(output)), output)
+        shard = (self._rank * n, (self._rank + 1) * n)
+        return self._aggregate(input, opts.reduceOp, lambda total: output.copy_(total.view_as(output)),
+                               output, shard)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -159,10 +161,11 @@ class LhcProcessGroup(dist.ProcessGroup):
         return self.reduce_scatter_single(outputs[0], torch.cat([t.reshape(-1) for t in inputs[0]]), opts)
 
     def _aggregate(self, tensor: torch.Tensor, op: dist.ReduceOp, store: Callable[[torch.Tensor], Any],
-                   result: Any) -> dist.Work:
+                   result: Any, output_range: tuple[int, int] | None = None) -> dist.Work:
         """Sum ``tensor`` over the group on the agent's thread (halves in float32, so that a sum of W halves
-        does not overflow where their mean does not), divide for AVG, ``store`` it; the Work completes
-        then. A NaN or inf on any rank comes back as an all-NaN tensor on every rank (the codec's rule)."""
+        does not overflow where their mean does not), divide for AVG, ``store`` it (only ``output_range``
+        of the flat sum, if given); the Work completes then. A NaN or inf on any rank comes back as an
+        all-NaN tensor on every rank (the codec's rule)."""
         flat = tensor.reshape(-1)
         work_future: torch.futures.Future = torch.futures.Future()
         average = op.op == dist.ReduceOp.RedOpType.AVG
@@ -178,8 +181,8 @@ class LhcProcessGroup(dist.ProcessGroup):
                 work_future.set_exception(exc)
 
         key = ("lhc-backend", flat.numel(), tensor.dtype)
-        self.agent.allreduce_async(flat if flat.dtype == torch.float32 else flat.float(),
-                                   key=key).add_done_callback(finish)
+        self.agent.allreduce_async(flat if flat.dtype == torch.float32 else flat.float(), key=key,
+                                   output_range=output_range).add_done_callback(finish)
         return _create_work_from_future(work_future)
 
 

@@ -16,6 +16,7 @@ import torch
 from controller.processes import ControllerProcess, SoftswitchProcess
 
 FSDP_SCRIPT = Path(__file__).with_name("fsdp_rank.py")
+REDUCE_SCATTER_SCRIPT = Path(__file__).with_name("reduce_scatter_rank.py")
 WORLD = 2
 LR = 2.0**-4
 _JOBS = itertools.count()
@@ -77,6 +78,28 @@ def test_fsdp_trains_through_lhc_within_the_bound(tmp_path: Path, through_switch
     for name, param in ours[0]["params"].items():
         assert torch.equal(param, ours[1]["params"][name])
     assert_fsdp_within_the_bound(plain, ours, steps)
+
+
+def test_reduce_scatter_decodes_only_the_shard(tmp_path: Path) -> None:
+    """2 processes, every mode: each rank's reduce_scatter output is its slice of the all_reduce, bit for
+    bit, and the same bytes went on the wire; union and dense dequantized only the shard, sketch peeled
+    every candidate (auto: whichever it picked)."""
+    runs = run_ranks(REDUCE_SCATTER_SCRIPT, tmp_path, "rs")
+    for rank, run in enumerate(runs):
+        for mode, calls in run.items():
+            for call in calls:
+                stats, whole = call["stats"], call["whole_stats"]
+                shard = call["shard"].numel()
+                assert torch.equal(call["shard"], call["total"][rank * shard : (rank + 1) * shard]), mode
+                assert stats["mode"] == whole["mode"] and stats["bytes_sent"] == whole["bytes_sent"]
+                if stats["codec"]["protocol"] == "dense":
+                    assert stats["decoded_elements"] == shard and whole["decoded_elements"] == WORLD * shard
+                elif stats["mode"] == "union":
+                    assert 0 < stats["decoded_elements"] < whole["decoded_elements"]
+                else:
+                    assert stats["decoded_elements"] == whole["decoded_elements"]
+    modes = {mode: {call["stats"]["mode"] for call in calls} for mode, calls in runs[0].items()}
+    assert modes["union"] == {"union"} and modes["sketch"] == {"sketch"} and modes["dense"] == {"dense"}
 
 
 @pytest.mark.gpu

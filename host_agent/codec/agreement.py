@@ -15,6 +15,9 @@ part and whether they all hold the same parameters::
 The verdict (:func:`check_agreement`) is a function of the summed words alone, and of the world size only
 once every digest matched (the world size is part of the digest), so every worker raises the same
 AggregationError, with the same ranks, after the same round.
+
+A worker's output range (the shard it decodes, :mod:`.output`) is not among the parameters: it changes
+no message, so workers that decode different shards send the same words and need no agreement on it.
 """
 
 from __future__ import annotations

@@ -34,8 +34,9 @@ from lhc_ina.constants import LANE_BYTES, LANES, Op
 from .agreement import agreement_words, check_agreement
 from .hashing import derive_seed
 from .index import IndexSpec, choose_index, encode_index, expected_false_positives, query_index
-from .items import gather_items, item_count, nonzero_rows, scatter_items, support_items
+from .items import gather_items, item_count, nonzero_rows, support_items
 from .options import Options
+from .output import OutputRange
 from .peeling import peel
 from .quantize import (
     FLOAT_DTYPES,
@@ -116,10 +117,11 @@ class Rounds:
         shape: BucketShape,
         support: torch.Tensor | None,
         out: torch.Tensor | None,
+        output_range: OutputRange,
         clock: PhaseClock,
     ) -> None:
         self.x, self.rank, self.world, self.opts, self.state = x, rank, world_size, options, state
-        self.shape = shape
+        self.shape, self.output_range = shape, output_range
         self.digest, self.support, self.out, self.clock = digest, support, out, clock
         self.block = options.block
         self.is_float = x.dtype in FLOAT_DTYPES
@@ -135,7 +137,8 @@ class Rounds:
         self.items = self.rows = self.cands = self.values = self.left = torch.empty(0)
         self.index: IndexSpec | None = None
         self.sketch: SketchSpec | None = None
-        self.stats: dict = {"protocol": options.mode, "scale_redo": False}
+        self.peeled = False  # whether peeling recovered every candidate (it cannot stop at the range)
+        self.stats: dict = {"protocol": options.mode, "scale_redo": False, "decoded_elements": 0}
 
     # --- helpers ---------------------------------------------------------------------------------
     def agreement(self, words: torch.Tensor) -> None:
@@ -178,15 +181,16 @@ class Rounds:
         assert self.scale is not None
         return quantize(rows, self.scale, clamp)
 
-    def _dequantize(self, summed: torch.Tensor) -> torch.Tensor:
+    def _dequantize(self, summed: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+        """``part`` of the integer sums ``summed`` in the output dtype. Whether the sum overflows it is
+        read from all of ``summed``, so that every worker raises alike whatever its output range."""
         if not self.is_float:
-            return summed
-        values = dequantize(summed, self.scale or 0, self.x.dtype)
-        check_sum_range(values, self.agreed, self.world)
-        return values
+            return part
+        check_sum_range(summed, self.scale or 0, self.agreed, self.world, self.x.dtype)
+        return dequantize(part, self.scale or 0, self.x.dtype)
 
     def _output(self) -> torch.Tensor:
-        return torch.zeros_like(self.x) if self.out is None else self.out.zero_()
+        return self.x.new_zeros(self.output_range.size) if self.out is None else self.out.zero_()
 
     def _parse_header(self, words: torch.Tensor) -> bool:
         """Read the OR of the headers; True when some worker's input was not finite (the caller then
@@ -296,7 +300,7 @@ class Rounds:
         if self.sketch is not None and scale_holds(self.agreed, self.assumed, self.lag):
             with self.clock("decode"):
                 peeled = peel(self.sketch, self.cands, res["sketch"].view(self.sketch.cells, self.block))
-            self.values, self.left = peeled.values, peeled.residue
+            self.values, self.left, self.peeled = peeled.values, peeled.residue, True
             self.stats.update(peel_rounds=peeled.rounds, residue=self.left.numel())
             if not self.left.numel():
                 return self._finish_sparse()
@@ -326,12 +330,14 @@ class Rounds:
 
     def _finish_sparse(self) -> Outcome:
         with self.clock("decode"):
-            rows = self._dequantize(self.values)
+            run = self.output_range.candidates(self.cands, self.block)
+            rows = self._dequantize(self.values, self.values[run])
             total = self._output()
-            scatter_items(total, self.cands, rows, self.block)
+            self.output_range.scatter(total, self.cands[run], rows, self.block)
             exact = self.index is not None and self.index.kind == "bitmap"
             union = self.cands.numel() if exact else int((self.values != 0).any(dim=1).sum())
-        self.stats.update(self._sparse_stats())
+        decoded = self.values if self.peeled else rows
+        self.stats.update(self._sparse_stats(), decoded_elements=decoded.numel())
         return self._outcome(total, union or None)  # an empty union tells nothing about the next round
 
     def _sparse_stats(self) -> dict:
@@ -381,9 +387,9 @@ class Rounds:
                 self.assumed, self.scale = None, scale_for(self.agreed, self.world)
                 return self._dense_round([], None)
         with self.clock("decode"):
-            values = self._dequantize(res["dense"])
-            total = self._output()
-            total.copy_(values)
+            values = self._dequantize(res["dense"], self.output_range.words(res["dense"]))
+            total = self._output().copy_(values)
+        self.stats["decoded_elements"] = values.numel()
         # a sparse mode that sent the bucket densely still counted its items: the next round's estimate
         return self._outcome(total, min(self.item_sum, self.n_items) if self.item_sum else None)
 

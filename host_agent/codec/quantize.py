@@ -170,14 +170,17 @@ def parse_header(words: torch.Tensor, world_size: int) -> int | None:
     return None
 
 
-def check_sum_range(values: torch.Tensor, field: int | None, world_size: int) -> None:
-    """Raise AggregationError if the dequantized ``values`` overflowed their dtype (only looked at when
-    ``sum_may_overflow``: the inputs are known finite, so an inf can only come from the sum)."""
-    if not sum_may_overflow(field, world_size, values.dtype) or values.numel() == 0:
+def check_sum_range(summed: torch.Tensor, scale: int, field: int | None, world_size: int,
+                    dtype: torch.dtype) -> None:
+    """Raise AggregationError if the integer sums ``summed``, dequantized at ``scale``, overflow ``dtype``
+    (only looked at when ``sum_may_overflow``: the inputs are known finite, so an inf can only come from
+    the sum). Dequantizing is monotone, so the smallest and largest sums decide: no float copy of all."""
+    if not sum_may_overflow(field, world_size, dtype) or summed.numel() == 0:
         return
-    if bool(torch.isinf(values).any()):
+    extremes = dequantize(torch.stack(torch.aminmax(summed)), scale, dtype)
+    if bool(torch.isinf(extremes).any()):
         raise AggregationError(
-            f"the sum overflows {values.dtype} (largest finite {torch.finfo(values.dtype).max:g}): "
+            f"the sum overflows {dtype} (largest finite {torch.finfo(dtype).max:g}): "
             "aggregate in float32, or scale the values down",
             collective=True,
         )

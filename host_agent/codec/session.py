@@ -72,6 +72,7 @@ from lhc_ina.constants import FRAME_BYTES, LANES, MAX_WORKERS, PAYLOAD_BYTES
 from .agreement import parameter_digest
 from .items import check_support_indices
 from .options import DEFAULT_HEADROOM, Options, is_int
+from .output import OutputRange
 from .protocol import Outcome, PhaseClock, Results, Round, Rounds
 from .quantize import FLOAT_DTYPES, INT_DTYPES
 from .sketch import DEFAULT_MARGIN
@@ -99,7 +100,10 @@ class WorkerSession:
     ``support``: the element indices of every nonzero of ``x``, if known (encoding then skips the scan);
     it must hold every nonzero: ``check_support`` (default on) verifies that with one pass over ``x``
     (a count of nonzeros) and makes every worker raise AggregationError otherwise; with it off, elements
-    outside the support are treated as zero. ``out``: a preallocated output (may be ``x`` itself).
+    outside the support are treated as zero. ``output_range``: ``(lo, hi)`` to decode only elements
+    lo..hi-1 (a reduce_scatter's shard): the total is then that slice of the whole one, bit for bit, and
+    the messages are those of a whole decode, so workers need not agree on their ranges (:mod:`.output`).
+    ``out``: a preallocated output of the range's length (may be ``x`` itself for the whole bucket).
     ``state``: the previous aggregation's ``result().state`` for this bucket; one made for another bucket
     shape is ignored (``stats["state_reset"]`` says why). The other options are :class:`Options`.
     """
@@ -120,6 +124,7 @@ class WorkerSession:
         seed: int = 0,
         index: str = "auto",
         cells: int | None = None,
+        output_range: tuple[int, int] | None = None,
         out: torch.Tensor | None = None,
         timing: bool = False,
         check_support: bool = True,
@@ -132,8 +137,10 @@ class WorkerSession:
         options = Options(
             mode, block, expected_items, margin, headroom, seed, index, cells, timing, check_support
         )
-        if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.device != x.device):
-            raise ValueError("out must have the input's shape, dtype and device")
+        output = OutputRange.of(output_range, x.numel())
+        if out is not None and (out.shape != (output.size,) or out.dtype != x.dtype
+                                or out.device != x.device):
+            raise ValueError("out must have the output range's length (the whole input's), dtype and device")
         if support is not None:
             check_support_indices(support, x.numel())
             if not check_support:
@@ -151,7 +158,8 @@ class WorkerSession:
         self.x, self.rank, self.world_size, self.options, self.state = x, rank, world_size, options, state
         digest = parameter_digest(("lhc-codec", PROTOCOL_VERSION, world_size, shape, options.shared(), state))
         self._clock = PhaseClock(timing, x.device)
-        self._rounds = Rounds(x, rank, world_size, options, state, digest, shape, support, out, self._clock)
+        self._rounds = Rounds(x, rank, world_size, options, state, digest, shape, support, out, output,
+                              self._clock)
         if reset:
             self._rounds.stats["state_reset"] = reset
         self._next: Round | None = None  # the round whose results are being collected
