@@ -57,7 +57,8 @@ STAT_MEANING = {
     "DROP_UNKNOWN_JOB": "`job_id` not admitted (counted in job row 0)",
     "DROP_STALE_EPOCH": "`epoch` is not the job's current one",
     "DROP_SLOT_RANGE": "`slot >= slot_count`, or past the switch's `MAX_SLOTS`",
-    "DROP_BAD_WORKER": "(job, `worker_id`, IPv4 source) not admitted: unknown worker or spoofed address",
+    "DROP_BAD_WORKER": "(job, `worker_id`, IPv4 source, UDP source port, ingress port) not admitted: unknown "
+    "worker, or a spoofed address or port",
     "DROP_STALE_ROUND": "`seq` is neither the copy's round nor its next one (`round + 2 * slot_count`): "
     "a delayed packet",
 }
