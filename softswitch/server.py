@@ -22,6 +22,7 @@ It serves the subset lhc-ina uses, with the behaviour of BMv2's simple_switch_gr
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -43,6 +44,8 @@ from softswitch.p4info_compare import p4info_differences
 from softswitch.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
+#: How often a StreamChannel handler waiting for its next message checks that its RPC still lives.
+_OUTBOX_POLL_S = 0.5
 
 _GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
 _SetAction = p4v1.SetForwardingPipelineConfigRequest
@@ -225,8 +228,13 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
         threading.Thread(target=self._read_stream, args=(conn, request_iterator),
                          name="p4rt-stream", daemon=True).start()
         try:
-            while True:
-                item = conn.outbox.get()
+            # Polled, so that the handler ends with its RPC even if the reader thread never wakes: a handler
+            # blocked here for good would hold one of the server's threads, and the process's exit with it.
+            while context.is_active():
+                try:
+                    item = conn.outbox.get(timeout=_OUTBOX_POLL_S)
+                except queue.Empty:
+                    continue
                 if item is None:
                     return
                 if isinstance(item, SwitchError):

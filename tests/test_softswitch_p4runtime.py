@@ -15,8 +15,10 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2 as p4v1
 from p4.v1 import p4runtime_pb2_grpc
 
+from controller.processes import SoftswitchProcess
 from lhc_ina import constants as c
 from lhc_ina.p4info import P4InfoIndex
+from lhc_ina.p4rt import P4RuntimeClient
 from softswitch.p4info_compare import p4info_differences
 from softswitch.pipeline import Pipeline
 from softswitch.server import P4RuntimeService, start_server
@@ -452,3 +454,14 @@ def test_text_format_entries_from_a_client_work_unchanged(configured):
         + " } }", p4v1.TableEntry())
     write(stub, update(INSERT, entry))
     assert pipeline.jobs.entries[5] == ("LhcIngress.set_job", 1, 2, 3, 4, 5, 6)
+
+
+def test_sigterm_ends_the_process_while_a_controller_holds_its_stream():
+    """A primary's StreamChannel stays open while the switch is told to stop: the process still exits
+    promptly and cleanly (a stream handler blocked for good would hold the exit)."""
+    with SoftswitchProcess() as switch:
+        client = P4RuntimeClient(switch.grpc_addr, device_id=1, election_id=1).connect()
+        try:
+            assert switch.terminate(timeout=10) == 0
+        finally:
+            client.close()
