@@ -462,6 +462,21 @@ def test_compiled_and_parallel_peeling_agree(seed, k, load, block):
         assert not parallel.peeled.all()
 
 
+@pytest.mark.parametrize("cells", [3, 6, 9])
+def test_compiled_peeling_of_cells_too_full_to_count_gives_the_torch_result(cells):
+    # 200 candidates in 3 to 9 cells put 63 or more in some cell: more than the kernel's records count,
+    # so peel_native hands the sketch to the torch rounds instead of returning a wrong count.
+    g = torch.Generator().manual_seed(cells)
+    cands = torch.randperm(1 << 20, generator=g)[:200]
+    values = torch.randint(-1000, 1000, (200, 1), generator=g, dtype=torch.int32)
+    spec = SketchSpec(cells, 1, seed=cells)
+    words = encode_sketch(spec, cands, values).view(cells, 1)
+    assert int(torch.bincount(cell_ids(spec, cands).view(-1)).max()) >= 63
+    native, parallel = peel_native(spec, cands, words), peel_parallel(cell_ids(spec, cands), words)
+    assert parallel.rounds is not None and native.rounds == parallel.rounds, "the torch rounds ran"
+    assert torch.equal(native.peeled, parallel.peeled) and torch.equal(native.values, parallel.values)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),

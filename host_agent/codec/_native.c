@@ -14,7 +14,8 @@
  * Interface (called from peeling.py, sketch.py, items.py, bits.py and index.py, which check the dtypes,
  * shapes and contiguity of the tensors whose addresses they pass):
  *   geometry = (arity, starts, seg, block, start_seed, (seed_0, ..)): sketch.SketchSpec's layout
- *   peel(k, geometry, items, cells, values, peeled, threads)
+ *   peel(k, geometry, items, cells, values, peeled, threads) -> False where its records cannot count
+ *     the candidates (2^26 or more, or 63 in one cell; values and peeled untouched), else True
  *     items   const int64[k]          the candidates' item numbers (distinct, < 2^32)
  *     cells   const int32[cells][block]   the aggregated sketch (not modified)
  *     values  int32[k][block]         out: recovered sums, zero where not peeled (must arrive zeroed)
@@ -89,10 +90,13 @@ static PyObject *py_peel(PyObject *self, PyObject *args)
     status = peel_sketch(k, &g, (const int64_t *)(uintptr_t)items, (const int32_t *)(uintptr_t)cells,
                          (int32_t *)(uintptr_t)values, (uint8_t *)(uintptr_t)peeled, threads);
     Py_END_ALLOW_THREADS
+    if (status == PEEL_TOO_MANY) {
+        Py_RETURN_FALSE;
+    }
     if (status < 0) {
         return PyErr_NoMemory();
     }
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 static PyObject *py_encode_sketch(PyObject *self, PyObject *args)

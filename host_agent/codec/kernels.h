@@ -6,6 +6,7 @@
 #define LHC_CODEC_KERNELS_H
 
 #include <stdint.h>
+#include <string.h>
 
 #define MAX_ARITY 4
 
@@ -55,20 +56,51 @@ static inline void cells_of(const struct geometry *g, uint32_t item, int64_t sta
     }
 }
 
-/* Candidates reordered by start segment (a counting sort): their item numbers and their positions in the
- * caller's list, and where each start's run begins (bounds[starts] = k). One allocation; 0 on failure. */
+/* Copy one item's `block` lanes: a plain load and store at block 1 (memcpy of a run-time size is a call). */
+static inline void copy_lanes(void *dst, const void *src, int64_t block)
+{
+    if (block == 1) {
+        *(uint32_t *)dst = *(const uint32_t *)src;
+    } else {
+        memcpy(dst, src, (size_t)block * sizeof(uint32_t));
+    }
+}
+
+/* Items hashed HASH_CHUNK at a time, in loops the compiler vectorizes: hash_cells writes the cells of
+ * items[0..n) (n <= HASH_CHUNK, all of start segment `start`) as at[t * HASH_CHUNK + i]; hash_starts the
+ * start segment of each of n items. Built for AVX2 and for any x86-64, picked when the library loads. */
+#define HASH_CHUNK 64
+void hash_cells(const struct geometry *g, const uint32_t *items, int n, int64_t start, uint32_t *at);
+void hash_starts(const struct geometry *g, const int64_t *items, int64_t n, uint32_t *start);
+
+/* Candidates reordered by start segment (a counting sort): their item numbers and `block` value lanes in
+ * that order, where each start's run begins (bounds[starts] = k), and each candidate's start in the
+ * caller's order (to undo the sort with unsort_by_start). One allocation; 0 on failure. */
 struct by_start {
     uint32_t *item;
-    uint32_t *who;
+    int32_t *values;
+    uint32_t *start;
     int64_t *bounds;
+    int64_t *cursor; /* scratch, one per start */
 };
-int sort_by_start(const struct geometry *g, int64_t k, const int64_t *items, struct by_start *out);
+/* `values` (k x block, the caller's order) is carried along when not NULL; else out->values is left for
+ * the caller to fill in start order. */
+int sort_by_start(const struct geometry *g, int64_t k, const int64_t *items, const int32_t *values,
+                  struct by_start *out);
+/* flags[i] = sorted_flags[j] and, where that is set, values[i] = s->values[j], candidate i having gone to
+ * place j. */
+void unsort_by_start(const struct geometry *g, int64_t k, const struct by_start *s, const uint8_t *sorted_flags,
+                     int32_t *values, uint8_t *flags);
 void free_by_start(struct by_start *s);
 
 /* Run fn(arg_a) on a second thread and fn(arg_b) on this one, or both here when no thread can be
  * started: the results never depend on which. */
 void run_pair(void (*fn)(void *), void *arg_a, void *arg_b, int threads);
 
+/* peel_sketch returns 0, -1 without memory, or PEEL_TOO_MANY where its records cannot count the
+ * candidates (k >= PEEL_MAX_CANDIDATES, or 63 in one cell): the caller then peels with torch. */
+#define PEEL_TOO_MANY (-2)
+#define PEEL_MAX_CANDIDATES (1LL << 26)
 int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, const int32_t *cells,
                     int32_t *values, uint8_t *peeled, int threads);
 void encode_sketch(int64_t k, const struct geometry *g, const int64_t *items, const int32_t *values,

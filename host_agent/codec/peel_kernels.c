@@ -1,32 +1,43 @@
 /*
- * peel_sketch: peeling an aggregated sketch over known candidates, in cache and on two threads.
+ * peel_sketch: peeling an aggregated sketch over known candidates as a wave that stays in cache, on up
+ * to two threads.
  *
- * Each cell gets a record: candidate count, XOR of the candidates' positions, XOR of their item numbers,
- * then `block` value lanes, so that every touch of a cell is one cache line. A cell whose count is 1 is
- * pure; its candidate's value is its lanes, and peeling it subtracts the candidate from its other cells.
+ * Each cell gets a record: its candidate count, the XOR of its candidates' numbers in start order, then
+ * `block` value lanes, so that every touch of a cell is one cache line. A cell whose count is 1 is pure:
+ * its candidate's value is its lanes, and peeling it subtracts the candidate from its cells.
  *
- * Cache: candidates are inserted in order of their start segment (sort_by_start), and peeling follows a
- * work queue; in the fused layout an item's cells lie in `arity` consecutive segments and the peeling
- * proceeds as a wave from each end of the chain of segments, so both stay within a window of a few
- * segments. (peeling.py's torch rounds instead make a dozen passes over the whole sketch per round.)
+ * The wave (fused layout): an item's cells lie in `arity` consecutive segments, so once the candidates of
+ * starts up to s are inserted, no later candidate touches segment s: it is *complete*, and its count-1
+ * cells are truly pure. Candidates are inserted start by start; after each start the newly complete
+ * segment's pure cells are peeled, with whatever they free in complete segments, at once. A cell in a
+ * segment still filling is updated but never judged; its segment's scan judges it when it completes.
+ * Peeling thus follows one step behind insertion, within a window of a few segments (a few hundred KiB)
+ * instead of a sketch-sized table, and every record is brought into cache about once.
  *
- * Threads: the segments are split into a left and a right zone. Each thread inserts the candidates whose
- * cells all lie in its zone and peels the pure cells of its zone whose candidate lies wholly in it,
- * setting the others aside; so the threads never touch the same record. Then one thread inserts the
- * candidates that straddle the zones and peels what was set aside and whatever that frees. Peeling
- * reaches the same end (the 2-core) in any order, and a peeled candidate's value is its pure cell's sum
- * whichever pure cell is used, so the results are those of peeling.py's rounds whatever the thread count.
+ * Threads: the segments are split into a left and a right zone. The left thread inserts the candidates
+ * whose cells lie wholly left, start by start upwards; the right thread those wholly right, downwards
+ * (a segment is complete there once every start up to `arity - 1` below it is in). Neither touches the
+ * other's records. Then one thread inserts the candidates that straddle the middle, completes the few
+ * middle segments and peels what is left.
+ *
+ * Peeling reaches the same end (the 2-core) in any order, and a peeled candidate's value is its pure
+ * cell's sum whichever pure cell is used, so the results are those of peeling.py's rounds whatever the
+ * thread count.
  */
 #include "kernels.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define GROUP 16 /* queue entries whose cache misses are overlapped by prefetching */
-#define REC_COUNT 0
-#define REC_WHO 1
-#define REC_ITEM 2
-#define REC_LANES 3
+/* A record's first word: the candidate count in its low COUNT_BITS, the XOR of the candidates' numbers
+ * in start order (their index in `sorted`) above; then `block` lanes. 8 bytes at block 1: the window the
+ * wave works in stays half as large as with separate words. */
+#define COUNT_BITS 6
+#define COUNT_MASK ((1u << COUNT_BITS) - 1)
+#define REC_LANES 1
+#define GROUP 16     /* pure cells whose cache misses are overlapped */
+#define PREFETCH 8   /* candidates ahead whose cells are fetched while inserting */
+#define NONE UINT32_MAX
 
 struct peel {
     const struct geometry *g;
@@ -34,197 +45,267 @@ struct peel {
     uint32_t *rec;
     const int32_t *cells;
     const struct by_start *sorted;
-    int32_t *values;
-    uint8_t *peeled;
+    uint8_t *peeled; /* in start order, like sorted->values */
 };
 
-/* One zone's work: segments [seg_lo, seg_hi), and the candidates with starts in [start_lo, start_hi). */
+/* One zone's state: its segments [seg_lo, seg_hi), those initialised [init_lo, init_hi), those complete
+ * [done_lo, done_hi), and its stack of pure cells (room for each of its cells once). */
 struct zone {
     struct peel *p;
     int64_t seg_lo, seg_hi, start_lo, start_hi;
-    uint32_t *queue; /* room for every cell of the zone, plus the set-aside cells behind them */
-    int64_t aside;
-    int insert;      /* 1: initialise and insert; 0: peel */
+    int upwards;
+    int64_t init_lo, init_hi, done_lo, done_hi;
+    int64_t done_cell_lo, done_cell_hi; /* the complete segments' cells */
+    uint32_t *stack;
+    int64_t depth;
+    int overflow; /* a cell of the zone would count more candidates than its record holds */
 };
 
 static void init_segments(struct peel *p, int64_t seg_lo, int64_t seg_hi)
 {
-    const int64_t block = p->g->block;
-    for (int64_t c = seg_lo * p->g->seg; c < seg_hi * p->g->seg; c++) {
+    const int64_t block = p->g->block, seg = p->g->seg;
+    for (int64_t c = seg_lo * seg; c < seg_hi * seg; c++) {
         uint32_t *r = p->rec + c * p->stride;
-        r[REC_COUNT] = 0;
-        r[REC_WHO] = 0;
-        r[REC_ITEM] = 0;
-        memcpy(r + REC_LANES, p->cells + c * block, (size_t)block * sizeof(uint32_t));
+        r[0] = 0;
+        copy_lanes(r + REC_LANES, p->cells + c * block, block);
     }
 }
 
-/* Insert the candidates with starts in [start_lo, start_hi). With `init`, the records of segments
- * [seg_lo, seg_hi) are initialised too, each just before the first candidate that touches it, so that
- * they are still in cache when the candidates reach them. */
-static void insert_starts(struct peel *p, int64_t start_lo, int64_t start_hi, int init, int64_t seg_lo,
-                          int64_t seg_hi)
+/* Make segments [lo, hi) initialised (the zone's initialised range grows only at its ends). */
+static void ensure_init(struct zone *z, int64_t lo, int64_t hi)
+{
+    lo = lo < z->seg_lo ? z->seg_lo : lo;
+    hi = hi > z->seg_hi ? z->seg_hi : hi;
+    if (z->init_lo == z->init_hi) {
+        z->init_lo = z->init_hi = lo;
+    }
+    if (lo < z->init_lo) {
+        init_segments(z->p, lo, z->init_lo);
+        z->init_lo = lo;
+    }
+    if (hi > z->init_hi) {
+        init_segments(z->p, z->init_hi, hi);
+        z->init_hi = hi;
+    }
+}
+
+/* Insert start s's candidates; 0 where a cell would overflow its count (the records are then unusable). */
+static int insert_start(struct peel *p, int64_t s)
 {
     const struct geometry *g = p->g;
-    int64_t at[MAX_ARITY], ready = seg_lo;
-    for (int64_t s = start_lo; s < start_hi; s++) {
-        if (init && ready < s + g->arity) {
-            init_segments(p, ready, s + g->arity);
-            ready = s + g->arity;
-        }
-        for (int64_t j = p->sorted->bounds[s]; j < p->sorted->bounds[s + 1]; j++) {
-            const uint32_t item = p->sorted->item[j], who = p->sorted->who[j];
-            cells_of(g, item, s, at);
+    const int64_t end = p->sorted->bounds[s + 1];
+    uint32_t at[MAX_ARITY * HASH_CHUNK];
+    for (int64_t j0 = p->sorted->bounds[s]; j0 < end; j0 += HASH_CHUNK) {
+        const int n = end - j0 < HASH_CHUNK ? (int)(end - j0) : HASH_CHUNK;
+        hash_cells(g, p->sorted->item + j0, n, s, at);
+        for (int i = 0; i < n; i++) {
+            for (int t = 0; t < g->arity && i + PREFETCH < n; t++) {
+                __builtin_prefetch(p->rec + (int64_t)at[t * HASH_CHUNK + i + PREFETCH] * p->stride, 1);
+            }
             for (int t = 0; t < g->arity; t++) {
-                uint32_t *r = p->rec + at[t] * p->stride;
-                r[REC_COUNT] += 1;
-                r[REC_WHO] ^= who;
-                r[REC_ITEM] ^= item;
+                uint32_t *r = p->rec + (int64_t)at[t * HASH_CHUNK + i] * p->stride;
+                if ((r[0] & COUNT_MASK) == COUNT_MASK) {
+                    return 0;
+                }
+                r[0] = (r[0] + 1) ^ ((uint32_t)(j0 + i) << COUNT_BITS);
             }
         }
     }
-    if (init && ready < seg_hi) {
-        init_segments(p, ready, seg_hi);
-    }
+    return 1;
 }
 
-/* Peel the queue's cells and whatever they free, in groups of GROUP entries whose cache misses overlap:
- * fetch the group's records, then hash their candidates and fetch the cells those touch, then update
- * (only the last pass decides, from fresh counts). A pure cell whose candidate leaves [seg_lo, seg_hi)
- * is set aside at the far end of the room (`room` down), for the final pass. */
-static void drain(struct peel *p, uint32_t *queue, int64_t tail, int64_t seg_lo, int64_t seg_hi,
-                  int64_t *aside, int64_t room)
+static int complete(const struct zone *z, int64_t cell)
 {
+    return cell >= z->done_cell_lo && cell < z->done_cell_hi;
+}
+
+/* Peel the stack's cells and whatever they free in complete segments, GROUP cells at a time so that
+ * their cache misses overlap: fetch the group's records, then their candidates' item numbers, then the
+ * cells those hash to; only then update, judging each cell afresh (counts only fall once complete, so a
+ * cell still at 1 still holds the candidate read before). */
+static void drain(struct zone *z)
+{
+    struct peel *p = z->p;
     const struct geometry *g = p->g;
     const int64_t block = g->block, stride = p->stride;
-    int64_t at[GROUP][MAX_ARITY], start[GROUP];
-    for (int64_t head = 0; head < tail;) {
-        const int64_t n = tail - head < GROUP ? tail - head : GROUP;
-        for (int64_t j = 0; j < n; j++) {
-            __builtin_prefetch(p->rec + (int64_t)queue[head + j] * stride);
+    uint32_t cell[GROUP], cand[GROUP];
+    int64_t at[GROUP][MAX_ARITY];
+    while (z->depth > 0) {
+        const int n = z->depth < GROUP ? (int)z->depth : GROUP;
+        z->depth -= n;
+        for (int i = 0; i < n; i++) {
+            cell[i] = z->stack[z->depth + i];
+            __builtin_prefetch(p->rec + (int64_t)cell[i] * stride, 1);
         }
-        for (int64_t j = 0; j < n; j++) {
-            const uint32_t *pure = p->rec + (int64_t)queue[head + j] * stride;
-            start[j] = -1;
-            if (pure[REC_COUNT] == 1) {
-                start[j] = start_of(g, pure[REC_ITEM]);
-                cells_of(g, pure[REC_ITEM], start[j], at[j]);
+        for (int i = 0; i < n; i++) {
+            const uint32_t *r = p->rec + (int64_t)cell[i] * stride;
+            cand[i] = (r[0] & COUNT_MASK) == 1 ? r[0] >> COUNT_BITS : NONE;
+            if (cand[i] != NONE) {
+                __builtin_prefetch(p->sorted->item + cand[i]);
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            if (cand[i] != NONE) {
+                const uint32_t item = p->sorted->item[cand[i]];
+                cells_of(g, item, start_of(g, item), at[i]);
                 for (int t = 0; t < g->arity; t++) {
-                    __builtin_prefetch(p->rec + at[j][t] * stride, 1);
+                    __builtin_prefetch(p->rec + at[i][t] * stride, 1);
                 }
             }
         }
-        for (int64_t j = 0; j < n; j++) {
-            const uint32_t cell = queue[head + j];
-            const uint32_t *pure = p->rec + (int64_t)cell * stride;
-            if (start[j] < 0 || pure[REC_COUNT] != 1) {
+        for (int i = 0; i < n; i++) {
+            const uint32_t *pure = p->rec + (int64_t)cell[i] * stride, j = cand[i];
+            if (j == NONE || (pure[0] & COUNT_MASK) != 1) {
                 continue; /* not pure, or its candidate was peeled through another cell since */
             }
-            if (start[j] < seg_lo || start[j] + g->arity > seg_hi) {
-                queue[room - 1 - (*aside)++] = cell;
-                continue;
-            }
-            const uint32_t who = pure[REC_WHO], item = pure[REC_ITEM];
-            int32_t *out = p->values + (int64_t)who * block;
-            memcpy(out, pure + REC_LANES, (size_t)block * sizeof(uint32_t));
-            p->peeled[who] = 1;
+            int32_t *out = p->sorted->values + (int64_t)j * block;
+            copy_lanes(out, pure + REC_LANES, block);
+            p->peeled[j] = 1;
             for (int t = 0; t < g->arity; t++) {
-                uint32_t *r = p->rec + at[j][t] * stride;
-                r[REC_COUNT] -= 1;
-                r[REC_WHO] ^= who;
-                r[REC_ITEM] ^= item;
+                uint32_t *r = p->rec + at[i][t] * stride;
                 for (int64_t l = 0; l < block; l++) {
                     r[REC_LANES + l] -= (uint32_t)out[l];
                 }
-                if (r[REC_COUNT] == 1) {
-                    queue[tail++] = (uint32_t)at[j][t];
+                r[0] = (r[0] ^ (j << COUNT_BITS)) - 1;
+                if ((r[0] & COUNT_MASK) == 1 && complete(z, at[i][t])) {
+                    z->stack[z->depth++] = (uint32_t)at[i][t];
                 }
             }
         }
-        head += n;
     }
 }
 
-/* A zone's queue: every cell of the zone may be queued once, and every queued cell set aside once. */
-static int64_t zone_room(const struct zone *z)
+/* Stack the pure cells of segments [lo, hi) (complete ones) and peel. */
+static void scan_and_drain(struct zone *z, int64_t lo, int64_t hi)
 {
-    return 2 * (z->seg_hi - z->seg_lo) * z->p->g->seg;
+    const int64_t seg = z->p->g->seg, stride = z->p->stride;
+    for (int64_t c = lo * seg; c < hi * seg; c++) {
+        if ((z->p->rec[c * stride] & COUNT_MASK) == 1) {
+            z->stack[z->depth++] = (uint32_t)c;
+        }
+    }
+    drain(z);
 }
+
+static void set_done(struct zone *z, int64_t lo, int64_t hi)
+{
+    z->done_lo = lo;
+    z->done_hi = hi;
+    z->done_cell_lo = lo * z->p->g->seg;
+    z->done_cell_hi = hi * z->p->g->seg;
+}
+
+/* Mark segments [lo, hi), adjacent to the complete range, complete; peel their pure cells. */
+static void complete_segments(struct zone *z, int64_t lo, int64_t hi)
+{
+    if (lo >= hi) {
+        return;
+    }
+    if (z->done_lo == z->done_hi) {
+        set_done(z, lo, hi);
+    } else {
+        set_done(z, lo < z->done_lo ? lo : z->done_lo, hi > z->done_hi ? hi : z->done_hi);
+    }
+    scan_and_drain(z, lo, hi);
+}
+
+/* Insert the zone's starts one by one, peeling each segment as it completes. [done_limit_lo,
+ * done_limit_hi) bounds the segments this zone may complete on its own (no straddler touches them). */
+static void zone_wave(struct zone *z, int64_t done_limit_lo, int64_t done_limit_hi)
+{
+    const int arity = z->p->g->arity;
+    if (z->upwards) {
+        for (int64_t s = z->start_lo; s < z->start_hi; s++) {
+            ensure_init(z, s, s + arity);
+            if (!insert_start(z->p, s)) {
+                z->overflow = 1;
+                return;
+            }
+            const int64_t lo = z->done_hi > done_limit_lo ? z->done_hi : done_limit_lo;
+            complete_segments(z, lo, s + 1 < done_limit_hi ? s + 1 : done_limit_hi);
+        }
+    } else {
+        for (int64_t s = z->start_hi - 1; s >= z->start_lo; s--) {
+            ensure_init(z, s, s + arity);
+            if (!insert_start(z->p, s)) {
+                z->overflow = 1;
+                return;
+            }
+            const int64_t hi = z->done_lo < z->done_hi ? z->done_lo : done_limit_hi;
+            const int64_t lo = s + arity - 1 > done_limit_lo ? s + arity - 1 : done_limit_lo;
+            complete_segments(z, lo, hi);
+        }
+    }
+    ensure_init(z, z->seg_lo, z->seg_hi);
+}
+
+struct zone_call {
+    struct zone *z;
+    int64_t limit_lo, limit_hi;
+};
 
 static void zone_main(void *arg)
 {
-    struct zone *z = arg;
-    struct peel *p = z->p;
-    if (z->insert) {
-        insert_starts(p, z->start_lo, z->start_hi, 1, z->seg_lo, z->seg_hi);
-        return;
-    }
-    const int64_t seg = p->g->seg;
-    int64_t tail = 0;
-    for (int64_t c = z->seg_lo * seg; c < z->seg_hi * seg; c++) {
-        if (p->rec[c * p->stride + REC_COUNT] == 1) {
-            z->queue[tail++] = (uint32_t)c;
-        }
-    }
-    z->aside = 0;
-    drain(p, z->queue, tail, z->seg_lo, z->seg_hi, &z->aside, zone_room(z));
+    struct zone_call *c = arg;
+    zone_wave(c->z, c->limit_lo, c->limit_hi);
 }
 
 int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, const int32_t *cells,
                     int32_t *values, uint8_t *peeled, int threads)
 {
-    const int64_t segments = segments_of(g), m = segments * g->seg;
+    const int64_t segments = segments_of(g), m = segments * g->seg, arity = g->arity;
+    if (k >= PEEL_MAX_CANDIDATES) {
+        return PEEL_TOO_MANY;
+    }
     struct by_start sorted;
-    if (!sort_by_start(g, k, items, &sorted)) {
+    if (!sort_by_start(g, k, items, NULL, &sorted)) {
         return -1;
     }
-    struct peel p = {g, REC_LANES + g->block, NULL, cells, &sorted, values, peeled};
+    struct peel p = {g, REC_LANES + g->block, NULL, cells, &sorted, NULL};
     p.rec = malloc((size_t)(m > 0 ? m : 1) * (size_t)p.stride * sizeof(uint32_t));
-    uint32_t *queue = malloc((size_t)(2 * m + 1) * sizeof(uint32_t));  /* both zones' rooms */
-    if (p.rec == NULL || queue == NULL) {
+    uint32_t *stack = malloc((size_t)(m + 1) * sizeof(uint32_t));
+    p.peeled = calloc((size_t)(k > 0 ? k : 1), 1);
+    if (p.rec == NULL || stack == NULL || p.peeled == NULL) {
         free(p.rec);
-        free(queue);
+        free(stack);
+        free(p.peeled);
         free_by_start(&sorted);
         return -1;
     }
     /* Two zones only where each holds whole candidates and the work pays for a thread. */
-    const int split = threads > 1 && g->starts >= 8 * g->arity && k >= 65536;
+    const int split = threads > 1 && g->starts >= 8 * arity && k >= 65536;
     const int64_t mid = split ? segments / 2 : segments;
-    struct zone a = {&p, 0, mid, 0, split ? mid - g->arity + 1 : g->starts, queue, 0, 1};
-    struct zone b = {&p, mid, segments, mid, g->starts, queue + 2 * mid * g->seg, 0, 1};
+    struct zone a = {&p, 0, mid, 0, split ? mid - arity + 1 : g->starts, 1, 0, 0, 0, 0, 0, 0, stack, 0, 0};
+    struct zone b = {&p, mid, segments, mid, g->starts, 0, 0, 0, 0, 0, 0, 0, stack + mid * g->seg, 0, 0};
+    int overflow = 0;
     if (split) {
-        run_pair(zone_main, &b, &a, threads);
-        insert_starts(&p, a.start_hi, b.start_lo, 0, 0, 0); /* the candidates straddling the zones */
-        a.insert = b.insert = 0;
-        run_pair(zone_main, &b, &a, threads);
+        struct zone_call left = {&a, 0, mid - arity + 1}, right = {&b, mid + arity - 1, segments};
+        run_pair(zone_main, &right, &left, threads);
+        /* The middle, on this thread: the straddlers complete every segment; peel the middle's pure
+         * cells and what they free anywhere. */
+        struct zone all = {&p, 0, segments, 0, g->starts, 1, 0, segments, 0, 0, 0, 0, stack, 0, 0};
+        overflow = a.overflow || b.overflow;
+        for (int64_t s = a.start_hi; s < b.start_lo && !overflow; s++) {
+            overflow = !insert_start(&p, s);
+        }
+        if (!overflow) {
+            set_done(&all, 0, segments);
+            scan_and_drain(&all, a.done_hi, b.done_lo);
+        }
     } else {
-        zone_main(&a);
-        a.insert = 0;
-        zone_main(&a);
-    }
-    /* The final pass, over every segment: the set-aside cells of both zones, then what they free (each
-     * cell is queued at most once more, so 2m entries hold them all). */
-    const struct zone *zones[2] = {&a, &b};
-    const int used = split ? 2 : 1;
-    int64_t tail = 0;
-    uint32_t *aside_cells = malloc((size_t)(a.aside + b.aside + 1) * sizeof(uint32_t));
-    if (aside_cells == NULL) {
-        free(p.rec);
-        free(queue);
-        free_by_start(&sorted);
-        return -1;
-    }
-    for (int z = 0; z < used; z++) {
-        for (int64_t i = 0; i < zones[z]->aside; i++) {
-            aside_cells[tail++] = zones[z]->queue[zone_room(zones[z]) - 1 - i];
+        struct zone_call whole = {&a, 0, segments};
+        zone_main(&whole);
+        overflow = a.overflow;
+        if (!overflow) {
+            complete_segments(&a, a.done_hi, segments);
         }
     }
-    memcpy(queue, aside_cells, (size_t)tail * sizeof(uint32_t));
-    free(aside_cells);
-    int64_t aside = 0;
-    drain(&p, queue, tail, 0, segments, &aside, 2 * m);
     free(p.rec);
-    free(queue);
+    free(stack);
+    if (!overflow) {
+        unsort_by_start(g, k, &sorted, p.peeled, values, peeled);
+    }
+    free(p.peeled);
     free_by_start(&sorted);
-    return 0;
+    return overflow ? PEEL_TOO_MANY : 0;
 }

@@ -21,9 +21,11 @@ and values (tested against each other):
   indexing (``t[idx]``) and a sort, so the loop uses only those. In the fused layout the rounds follow
   the wave along the chain of segments: hundreds of small rounds;
 * ``peel_kernels.c``, a compiled kernel for CPU tensors, built when the package is installed with a C
-  compiler present: a work queue over records that keep a cell's count, candidate XOR and values
-  together, candidates inserted in order of their start segment so that the work stays within a window
-  of segments (in cache), the chain's two halves on two threads. It has no rounds (``rounds`` is None).
+  compiler present: candidates inserted start segment by start segment, and each segment peeled as soon
+  as no later candidate can touch it, so that the peeling follows the insertion as a wave through a
+  window of a few segments (in cache); the chain's two halves on two threads. It has no rounds
+  (``rounds`` is None). Its 8-byte records count at most 62 candidates per cell and 2^26 in all; beyond
+  that (never at random, a bucket of 64M candidates at least) the torch rounds run instead.
 """
 
 from __future__ import annotations
@@ -80,10 +82,12 @@ def peel_native(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor, thre
     cells = cells.contiguous()
     values = torch.zeros((k, spec.block), dtype=torch.int32)
     peeled = torch.zeros(k, dtype=torch.bool)
-    kernels.peel(
+    done = kernels.peel(
         k, spec.geometry(), items.data_ptr(), cells.data_ptr(), values.data_ptr(), peeled.data_ptr(),
         kernel_threads() if threads is None else threads,
     )
+    if not done:  # more candidates than its records count: the torch rounds, same result, slower
+        return peel_parallel(cell_ids(spec, items), cells)
     return PeelResult(values, peeled, None)
 
 

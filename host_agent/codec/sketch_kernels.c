@@ -11,41 +11,105 @@
 #include <stdlib.h>
 #include <string.h>
 
-int sort_by_start(const struct geometry *g, int64_t k, const int64_t *items, struct by_start *out)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
+/* mix32 and reduce32 again, on 32-bit lanes only, so that each loop below vectorizes. */
+static inline uint32_t cell_hash(uint32_t item, uint32_t seed, uint32_t size)
 {
-    const int64_t starts = g->starts;
-    size_t bytes = (size_t)(k > 0 ? k : 1) * (2 * sizeof(uint32_t)) + (size_t)(starts + 1) * sizeof(int64_t);
-    char *mem = malloc(bytes + (size_t)(k > 0 ? k : 1) * sizeof(uint32_t));
+    uint32_t h = item ^ seed;
+    h ^= h >> 16;
+    h *= 0x7FEB352Du;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 16;
+    return (uint32_t)(((uint64_t)h * size) >> 32);
+}
+
+VECTOR_CLONES
+void hash_cells(const struct geometry *g, const uint32_t *items, int n, int64_t start, uint32_t *at)
+{
+    const uint32_t seg = (uint32_t)g->seg;
+    for (int t = 0; t < g->arity; t++) {
+        const uint32_t seed = g->seeds[t], base = (uint32_t)((start + t) * g->seg);
+        uint32_t *out = at + t * HASH_CHUNK;
+        for (int i = 0; i < n; i++) {
+            out[i] = base + cell_hash(items[i], seed, seg);
+        }
+    }
+}
+
+VECTOR_CLONES
+void hash_starts(const struct geometry *g, const int64_t *items, int64_t n, uint32_t *start)
+{
+    if (g->starts <= 1) {
+        memset(start, 0, (size_t)n * sizeof(uint32_t));
+        return;
+    }
+    const uint32_t seed = g->start_seed, starts = (uint32_t)g->starts;
+    for (int64_t i = 0; i < n; i++) {
+        start[i] = cell_hash((uint32_t)items[i], seed, starts);
+    }
+}
+
+/* Where each start's run begins, from the candidates' starts (bounds has starts + 1 entries). */
+static void count_starts(const struct geometry *g, int64_t k, const int64_t *items, uint32_t *start,
+                         int64_t *bounds)
+{
+    memset(bounds, 0, (size_t)(g->starts + 1) * sizeof(int64_t));
+    hash_starts(g, items, k, start);
+    for (int64_t i = 0; i < k; i++) {
+        bounds[start[i] + 1]++;
+    }
+    for (int64_t s = 0; s < g->starts; s++) {
+        bounds[s + 1] += bounds[s];
+    }
+}
+
+int sort_by_start(const struct geometry *g, int64_t k, const int64_t *items, const int32_t *values,
+                  struct by_start *out)
+{
+    const int64_t starts = g->starts, block = g->block, room = k > 0 ? k : 1;
+    char *mem = malloc((size_t)(2 * starts + 1) * sizeof(int64_t) + (size_t)room * (2 + block) * sizeof(uint32_t));
     if (mem == NULL) {
         return 0;
     }
     out->bounds = (int64_t *)mem;
-    out->item = (uint32_t *)(mem + (size_t)(starts + 1) * sizeof(int64_t));
-    out->who = out->item + (k > 0 ? k : 1);
-    uint32_t *start = out->who + (k > 0 ? k : 1); /* scratch: each candidate's start */
-    int64_t *bounds = out->bounds;
-    memset(bounds, 0, (size_t)(starts + 1) * sizeof(int64_t));
+    out->cursor = out->bounds + starts + 1;
+    out->item = (uint32_t *)(out->cursor + starts);
+    out->start = out->item + room;
+    out->values = (int32_t *)(out->start + room);
+    count_starts(g, k, items, out->start, out->bounds);
+    /* One pass, reading in order and writing `starts` sequential runs (each run's open cache line stays
+     * in L1), instead of a random access per candidate. */
+    int64_t *cursor = out->cursor;
+    memcpy(cursor, out->bounds, (size_t)starts * sizeof(int64_t));
     for (int64_t i = 0; i < k; i++) {
-        start[i] = (uint32_t)start_of(g, (uint32_t)items[i]);
-        bounds[start[i] + 1]++;
-    }
-    for (int64_t s = 0; s < starts; s++) {
-        bounds[s + 1] += bounds[s];
-    }
-    /* bounds[s] is where start s's run begins; use bounds[s + 1] - count as a write cursor, restored after */
-    int64_t *cursor = malloc((size_t)(starts > 0 ? starts : 1) * sizeof(int64_t));
-    if (cursor == NULL) {
-        free(mem);
-        return 0;
-    }
-    memcpy(cursor, bounds, (size_t)starts * sizeof(int64_t));
-    for (int64_t i = 0; i < k; i++) {
-        const int64_t j = cursor[start[i]]++;
+        const int64_t j = cursor[out->start[i]]++;
         out->item[j] = (uint32_t)items[i];
-        out->who[j] = (uint32_t)i;
+        if (values != NULL) {
+            copy_lanes(out->values + j * block, values + i * block, block);
+        }
     }
-    free(cursor);
     return 1;
+}
+
+void unsort_by_start(const struct geometry *g, int64_t k, const struct by_start *s, const uint8_t *sorted_flags,
+                     int32_t *values, uint8_t *flags)
+{
+    const int64_t block = g->block;
+    int64_t *cursor = s->cursor;
+    memcpy(cursor, s->bounds, (size_t)g->starts * sizeof(int64_t));
+    for (int64_t i = 0; i < k; i++) {
+        const int64_t j = cursor[s->start[i]]++;
+        flags[i] = sorted_flags[j];
+        if (flags[i]) {
+            copy_lanes(values + i * block, s->values + j * block, block);
+        }
+    }
 }
 
 void free_by_start(struct by_start *s)
@@ -61,7 +125,7 @@ void encode_sketch(int64_t k, const struct geometry *g, const int64_t *items, co
     const int64_t block = g->block;
     struct by_start sorted;
     int64_t at[MAX_ARITY];
-    if (!sort_by_start(g, k, items, &sorted)) {
+    if (!sort_by_start(g, k, items, values, &sorted)) {
         /* no memory for the sort: the same sums in the caller's order, only slower */
         for (int64_t i = 0; i < k; i++) {
             cells_of(g, (uint32_t)items[i], start_of(g, (uint32_t)items[i]), at);
@@ -74,14 +138,19 @@ void encode_sketch(int64_t k, const struct geometry *g, const int64_t *items, co
         }
         return;
     }
+    uint32_t chunk[MAX_ARITY * HASH_CHUNK];
     for (int64_t s = 0; s < g->starts; s++) {
-        for (int64_t j = sorted.bounds[s]; j < sorted.bounds[s + 1]; j++) {
-            const int32_t *v = values + (int64_t)sorted.who[j] * block;
-            cells_of(g, sorted.item[j], s, at);
-            for (int t = 0; t < g->arity; t++) {
-                uint32_t *cell = (uint32_t *)out + at[t] * block;
-                for (int64_t l = 0; l < block; l++) {
-                    cell[l] += (uint32_t)v[l];
+        for (int64_t j0 = sorted.bounds[s]; j0 < sorted.bounds[s + 1]; j0 += HASH_CHUNK) {
+            const int64_t left = sorted.bounds[s + 1] - j0;
+            const int n = left < HASH_CHUNK ? (int)left : HASH_CHUNK;
+            hash_cells(g, sorted.item + j0, n, s, chunk);
+            for (int i = 0; i < n; i++) {
+                const int32_t *v = sorted.values + (j0 + i) * block;
+                for (int t = 0; t < g->arity; t++) {
+                    uint32_t *cell = (uint32_t *)out + (int64_t)chunk[t * HASH_CHUNK + i] * block;
+                    for (int64_t l = 0; l < block; l++) {
+                        cell[l] += (uint32_t)v[l];
+                    }
                 }
             }
         }
