@@ -20,6 +20,7 @@ setup(
                 "host_agent/codec/peel_kernels.c",
                 "host_agent/codec/scan_kernels.c",
                 "host_agent/codec/sketch_kernels.c",
+                "host_agent/codec/sort_kernels.c",
             ],
             depends=["host_agent/codec/kernels.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-pthread"],

@@ -242,6 +242,8 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
 def peel_trials(n_items: int, union: int, margin: float, trials: int, seed: int, device: str) -> dict:
     """Peeling failures over ``trials`` random candidate sets of ``union`` items, sketch sized as the
     codec sizes it from an expectation of ``union`` (the hypergraph alone decides; values do not)."""
+    from tqdm import tqdm
+
     from host_agent.codec.peeling import peel
     from host_agent.codec.sketch import SketchSpec, sketch_cells
     from lhc_ina.constants import LANES
@@ -249,7 +251,7 @@ def peel_trials(n_items: int, union: int, margin: float, trials: int, seed: int,
     cells = sketch_cells(union, margin, 1, LANES)
     gen = torch.Generator().manual_seed(seed)
     failures, residues = 0, []
-    for trial in range(trials):
+    for trial in tqdm(range(trials), desc="peel trials", file=sys.stderr, disable=trials < 10):
         cands = torch.randperm(n_items, generator=gen)[:union].sort().values.to(device)
         spec = SketchSpec(cells, 1, seed * 1_000_003 + trial)
         left = peel(spec, cands, torch.zeros((cells, 1), dtype=torch.int32, device=device)).residue

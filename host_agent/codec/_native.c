@@ -20,7 +20,8 @@
  *     cells   const int32[cells][block]   the aggregated sketch (not modified)
  *     values  int32[k][block]         out: recovered sums, zero where not peeled (must arrive zeroed)
  *     peeled  uint8[k]                out: 1 where recovered (must arrive zeroed)
- *   encode_sketch(k, geometry, items, values, out)   out: int32 cells, zeroed, values int32[k][block]
+ *   encode_sketch(k, geometry, items, values, out, threads)   out: int32 cells, zeroed; values
+ *     int32[k][block]
  *   scan_nonzero(x, n, is_float, pos, vals, cap, threads) -> count; pos int64[cap], vals uint32[cap] are
  *     complete only when count <= cap
  *   set_positions(positions, k, words, n_words)   words: uint32, zeroed; positions in [0, 32 n_words)
@@ -105,8 +106,10 @@ static PyObject *py_encode_sketch(PyObject *self, PyObject *args)
     long long k;
     PyObject *geometry;
     unsigned long long items, values, out;
+    int threads;
     struct geometry g;
-    if (!PyArg_ParseTuple(args, "LOKKK", &k, &geometry, &items, &values, &out) || !parse_geometry(geometry, &g)) {
+    if (!PyArg_ParseTuple(args, "LOKKKi", &k, &geometry, &items, &values, &out, &threads) ||
+        !parse_geometry(geometry, &g)) {
         return NULL;
     }
     if (k < 0 || k >= (1LL << 31)) {
@@ -115,7 +118,7 @@ static PyObject *py_encode_sketch(PyObject *self, PyObject *args)
     }
     Py_BEGIN_ALLOW_THREADS
     encode_sketch(k, &g, (const int64_t *)(uintptr_t)items, (const int32_t *)(uintptr_t)values,
-                  (int32_t *)(uintptr_t)out);
+                  (int32_t *)(uintptr_t)out, threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

@@ -73,23 +73,24 @@ static inline void copy_lanes(void *dst, const void *src, int64_t block)
 void hash_cells(const struct geometry *g, const uint32_t *items, int n, int64_t start, uint32_t *at);
 void hash_starts(const struct geometry *g, const int64_t *items, int64_t n, uint32_t *start);
 
-/* Candidates reordered by start segment (a counting sort): their item numbers and `block` value lanes in
- * that order, where each start's run begins (bounds[starts] = k), and each candidate's start in the
- * caller's order (to undo the sort with unsort_by_start). One allocation; 0 on failure. */
+/* Candidates reordered by start segment (a counting sort, sort_kernels.c): their item numbers and
+ * `block` value lanes in that order, where each start's run begins (bounds[starts] = k), and each
+ * candidate's start in the caller's order (to undo the sort with unsort_by_start). One allocation. */
 struct by_start {
     uint32_t *item;
     int32_t *values;
     uint32_t *start;
     int64_t *bounds;
-    int64_t *cursor; /* scratch, one per start */
+    int64_t *scratch; /* each half's counts and cursors per start */
+    int threads;
 };
 /* `values` (k x block, the caller's order) is carried along when not NULL; else out->values is left for
- * the caller to fill in start order. */
+ * the caller to fill in start order. 0 without memory. */
 int sort_by_start(const struct geometry *g, int64_t k, const int64_t *items, const int32_t *values,
-                  struct by_start *out);
+                  int threads, struct by_start *out);
 /* flags[i] = sorted_flags[j] and, where that is set, values[i] = s->values[j], candidate i having gone to
  * place j. */
-void unsort_by_start(const struct geometry *g, int64_t k, const struct by_start *s, const uint8_t *sorted_flags,
+void unsort_by_start(const struct geometry *g, int64_t k, struct by_start *s, const uint8_t *sorted_flags,
                      int32_t *values, uint8_t *flags);
 void free_by_start(struct by_start *s);
 
@@ -104,7 +105,7 @@ void run_pair(void (*fn)(void *), void *arg_a, void *arg_b, int threads);
 int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, const int32_t *cells,
                     int32_t *values, uint8_t *peeled, int threads);
 void encode_sketch(int64_t k, const struct geometry *g, const int64_t *items, const int32_t *values,
-                   int32_t *out);
+                   int32_t *out, int threads);
 int64_t scan_nonzero(const uint32_t *x, int64_t n, int is_float, int64_t *pos, uint32_t *vals, int64_t cap,
                      int threads);
 

@@ -258,7 +258,7 @@ int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, c
         return PEEL_TOO_MANY;
     }
     struct by_start sorted;
-    if (!sort_by_start(g, k, items, NULL, &sorted)) {
+    if (!sort_by_start(g, k, items, NULL, threads, &sorted)) {
         return -1;
     }
     struct peel p = {g, REC_LANES + g->block, NULL, cells, &sorted, NULL};

@@ -28,7 +28,7 @@ import torch
 
 from .arith import wrap_int32
 from .hashing import derive_seed, hash_items, reduce_range
-from .native import native
+from .native import kernel_threads, native
 
 TABLES = 3
 PEEL_THRESHOLD = 1.2218
@@ -151,13 +151,16 @@ def encode_sketch_torch(spec: SketchSpec, items: torch.Tensor, values: torch.Ten
     return wrap_int32(cells.view(-1))
 
 
-def encode_sketch_native(spec: SketchSpec, items: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """:func:`encode_sketch` by the compiled kernel (CPU tensors)."""
+def encode_sketch_native(
+    spec: SketchSpec, items: torch.Tensor, values: torch.Tensor, threads: int | None = None
+) -> torch.Tensor:
+    """:func:`encode_sketch` by the compiled kernel (CPU tensors); ``threads`` as in ``peel_native``."""
     k = items.numel()
     if items.dtype != torch.int64 or values.dtype != torch.int32 or values.shape != (k, spec.block):
         raise ValueError(f"encode_sketch wants int64 items and ({k}, {spec.block}) int32 values, not"
                          f" {items.dtype} items and {values.dtype} {tuple(values.shape)} values")
     items, values = items.contiguous(), values.contiguous()
     out = torch.zeros(spec.words, dtype=torch.int32)
-    native.encode_sketch(k, spec.geometry(), items.data_ptr(), values.data_ptr(), out.data_ptr())
+    native.encode_sketch(k, spec.geometry(), items.data_ptr(), values.data_ptr(), out.data_ptr(),
+                         kernel_threads() if threads is None else threads)
     return out

@@ -1,9 +1,6 @@
 /*
- * Sketch encoding, the counting sort by start segment that keeps encoding and peeling in cache, and the
- * two-thread helper (see kernels.h).
- *
- * Why sort: an item's cells lie in `arity` consecutive segments, so items taken in order of their start
- * segment touch a sliding window of a few segments (a few hundred KiB) instead of the whole sketch.
+ * Sketch encoding in order of start segment (in cache, see sort_kernels.c), the vectorized hashes it and
+ * peeling share, and the two-thread helper (see kernels.h).
  */
 #include "kernels.h"
 
@@ -55,78 +52,49 @@ void hash_starts(const struct geometry *g, const int64_t *items, int64_t n, uint
     }
 }
 
-/* Where each start's run begins, from the candidates' starts (bounds has starts + 1 entries). */
-static void count_starts(const struct geometry *g, int64_t k, const int64_t *items, uint32_t *start,
-                         int64_t *bounds)
-{
-    memset(bounds, 0, (size_t)(g->starts + 1) * sizeof(int64_t));
-    hash_starts(g, items, k, start);
-    for (int64_t i = 0; i < k; i++) {
-        bounds[start[i] + 1]++;
-    }
-    for (int64_t s = 0; s < g->starts; s++) {
-        bounds[s + 1] += bounds[s];
-    }
-}
+/* Add the candidates of starts [start_lo, start_hi) to the sketch. */
+struct encode_part {
+    const struct geometry *g;
+    const struct by_start *sorted;
+    int64_t start_lo, start_hi;
+    uint32_t *out;
+};
 
-int sort_by_start(const struct geometry *g, int64_t k, const int64_t *items, const int32_t *values,
-                  struct by_start *out)
+static void encode_starts(void *arg)
 {
-    const int64_t starts = g->starts, block = g->block, room = k > 0 ? k : 1;
-    char *mem = malloc((size_t)(2 * starts + 1) * sizeof(int64_t) + (size_t)room * (2 + block) * sizeof(uint32_t));
-    if (mem == NULL) {
-        return 0;
-    }
-    out->bounds = (int64_t *)mem;
-    out->cursor = out->bounds + starts + 1;
-    out->item = (uint32_t *)(out->cursor + starts);
-    out->start = out->item + room;
-    out->values = (int32_t *)(out->start + room);
-    count_starts(g, k, items, out->start, out->bounds);
-    /* One pass, reading in order and writing `starts` sequential runs (each run's open cache line stays
-     * in L1), instead of a random access per candidate. */
-    int64_t *cursor = out->cursor;
-    memcpy(cursor, out->bounds, (size_t)starts * sizeof(int64_t));
-    for (int64_t i = 0; i < k; i++) {
-        const int64_t j = cursor[out->start[i]]++;
-        out->item[j] = (uint32_t)items[i];
-        if (values != NULL) {
-            copy_lanes(out->values + j * block, values + i * block, block);
-        }
-    }
-    return 1;
-}
-
-void unsort_by_start(const struct geometry *g, int64_t k, const struct by_start *s, const uint8_t *sorted_flags,
-                     int32_t *values, uint8_t *flags)
-{
+    const struct encode_part *e = arg;
+    const struct geometry *g = e->g;
     const int64_t block = g->block;
-    int64_t *cursor = s->cursor;
-    memcpy(cursor, s->bounds, (size_t)g->starts * sizeof(int64_t));
-    for (int64_t i = 0; i < k; i++) {
-        const int64_t j = cursor[s->start[i]]++;
-        flags[i] = sorted_flags[j];
-        if (flags[i]) {
-            copy_lanes(values + i * block, s->values + j * block, block);
+    uint32_t chunk[MAX_ARITY * HASH_CHUNK];
+    for (int64_t s = e->start_lo; s < e->start_hi; s++) {
+        const int64_t end = e->sorted->bounds[s + 1];
+        for (int64_t j0 = e->sorted->bounds[s]; j0 < end; j0 += HASH_CHUNK) {
+            const int n = end - j0 < HASH_CHUNK ? (int)(end - j0) : HASH_CHUNK;
+            hash_cells(g, e->sorted->item + j0, n, s, chunk);
+            for (int i = 0; i < n; i++) {
+                const int32_t *v = e->sorted->values + (j0 + i) * block;
+                for (int t = 0; t < g->arity; t++) {
+                    uint32_t *cell = e->out + (int64_t)chunk[t * HASH_CHUNK + i] * block;
+                    for (int64_t l = 0; l < block; l++) {
+                        cell[l] += (uint32_t)v[l];
+                    }
+                }
+            }
         }
     }
 }
 
-void free_by_start(struct by_start *s)
-{
-    free(s->bounds); /* the one allocation */
-    s->bounds = NULL;
-}
-
-/* sketch.encode_sketch: every item's `block` values added (mod 2^32) to each of its cells. */
+/* sketch.encode_sketch: every item's `block` values added (mod 2^32) to each of its cells. Threads: the
+ * starts whose cells lie left of the middle segment on one, those right of it on the other, then the
+ * few that straddle it (the sums do not depend on the order). */
 void encode_sketch(int64_t k, const struct geometry *g, const int64_t *items, const int32_t *values,
-                   int32_t *out)
+                   int32_t *out, int threads)
 {
     const int64_t block = g->block;
     struct by_start sorted;
-    int64_t at[MAX_ARITY];
-    if (!sort_by_start(g, k, items, values, &sorted)) {
+    if (!sort_by_start(g, k, items, values, threads, &sorted)) {
         /* no memory for the sort: the same sums in the caller's order, only slower */
+        int64_t at[MAX_ARITY];
         for (int64_t i = 0; i < k; i++) {
             cells_of(g, (uint32_t)items[i], start_of(g, (uint32_t)items[i]), at);
             for (int t = 0; t < g->arity; t++) {
@@ -138,22 +106,16 @@ void encode_sketch(int64_t k, const struct geometry *g, const int64_t *items, co
         }
         return;
     }
-    uint32_t chunk[MAX_ARITY * HASH_CHUNK];
-    for (int64_t s = 0; s < g->starts; s++) {
-        for (int64_t j0 = sorted.bounds[s]; j0 < sorted.bounds[s + 1]; j0 += HASH_CHUNK) {
-            const int64_t left = sorted.bounds[s + 1] - j0;
-            const int n = left < HASH_CHUNK ? (int)left : HASH_CHUNK;
-            hash_cells(g, sorted.item + j0, n, s, chunk);
-            for (int i = 0; i < n; i++) {
-                const int32_t *v = sorted.values + (j0 + i) * block;
-                for (int t = 0; t < g->arity; t++) {
-                    uint32_t *cell = (uint32_t *)out + (int64_t)chunk[t * HASH_CHUNK + i] * block;
-                    for (int64_t l = 0; l < block; l++) {
-                        cell[l] += (uint32_t)v[l];
-                    }
-                }
-            }
-        }
+    const int split = threads > 1 && g->starts >= 8 * g->arity && k >= 65536;
+    const int64_t mid = split ? segments_of(g) / 2 : g->starts;
+    struct encode_part left = {g, &sorted, 0, split ? mid - g->arity + 1 : g->starts, (uint32_t *)out};
+    if (split) {
+        struct encode_part right = {g, &sorted, mid, g->starts, (uint32_t *)out};
+        struct encode_part middle = {g, &sorted, left.start_hi, mid, (uint32_t *)out};
+        run_pair(encode_starts, &right, &left, threads);
+        encode_starts(&middle);
+    } else {
+        encode_starts(&left);
     }
     free_by_start(&sorted);
 }
