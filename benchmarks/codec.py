@@ -108,6 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--peel-trials", type=_at_least(0), default=0,
                         help="also measure peeling failures, N rounds (default 0)")
+    parser.add_argument("--peel-candidates", type=_at_least(1),
+                        help="candidates per peeling trial (default: the first case's union)")
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of the cases")
 
 
@@ -239,6 +241,17 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
     }
 
 
+def _random_subset(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """A uniformly random sorted k-subset of range(n), in O(k log k) rather than randperm's O(n)."""
+    if k > n:
+        raise ValueError(f"cannot draw {k} distinct items of {n}")
+    drawn = torch.empty(0, dtype=torch.int64)
+    while drawn.numel() < k:
+        more = torch.randint(n, (k + k // 8 + 64,), generator=gen)
+        drawn = torch.unique(torch.cat([drawn, more]))
+    return drawn[torch.randperm(drawn.numel(), generator=gen)[:k]].sort().values
+
+
 def peel_trials(n_items: int, union: int, margin: float, trials: int, seed: int, device: str) -> dict:
     """Peeling failures over ``trials`` random candidate sets of ``union`` items, sketch sized as the
     codec sizes it from an expectation of ``union`` (the hypergraph alone decides; values do not)."""
@@ -252,7 +265,7 @@ def peel_trials(n_items: int, union: int, margin: float, trials: int, seed: int,
     gen = torch.Generator().manual_seed(seed)
     failures, residues = 0, []
     for trial in tqdm(range(trials), desc="peel trials", file=sys.stderr, disable=trials < 10):
-        cands = torch.randperm(n_items, generator=gen)[:union].sort().values.to(device)
+        cands = _random_subset(n_items, union, gen).to(device)
         spec = SketchSpec(cells, 1, seed * 1_000_003 + trial)
         left = peel(spec, cands, torch.zeros((cells, 1), dtype=torch.int32, device=device)).residue
         failures += bool(left.numel())
@@ -310,8 +323,10 @@ def run(args: argparse.Namespace) -> int:
         from host_agent.codec import DEFAULT_MARGIN
 
         margin = DEFAULT_MARGIN if args.margin is None else args.margin
-        gen = torch.Generator().manual_seed(args.seed)
-        union = _union_items(_draw(args.length, densities[0], args.workers, gen, args.device), 1)
+        union = args.peel_candidates
+        if union is None:
+            gen = torch.Generator().manual_seed(args.seed)
+            union = _union_items(_draw(args.length, densities[0], args.workers, gen, args.device), 1)
         print(json.dumps(peel_trials(args.length, union, margin, args.peel_trials, args.seed, args.device)))
     if args.plot and cases:
         _plot(cases, args.plot)

@@ -79,7 +79,7 @@ from .sketch import DEFAULT_MARGIN
 from .state import BucketShape, CodecState, Message, WorkerResult
 
 _T = TypeVar("_T")
-PROTOCOL_VERSION = 3  # part of the agreement digest: workers running different codecs disagree
+PROTOCOL_VERSION = 4  # part of the agreement digest: workers running different codecs disagree
 
 
 def check_input(x: torch.Tensor) -> None:
