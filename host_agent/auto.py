@@ -48,7 +48,7 @@ def choose_mode(n: int, world_size: int, block: int, state: CodecState | None,
     link = link or DEFAULT_LINK
     n_items = item_count(n, block)
     items = max(1, min(state.items, n_items))
-    spec = choose_index(n_items, items, 4.0 * block, seed=0)
+    spec = choose_index(n_items, items, 4.0 * block, seed=0, group=state.group)
     candidates = items + expected_false_positives(spec, items)
     cells = sketch_cells(candidates, DEFAULT_MARGIN, block, LANES)
     sizes = {

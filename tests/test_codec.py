@@ -361,6 +361,15 @@ def test_integers_beyond_the_bound_cannot_be_scaled(mode):
 # --- the parts ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("density", [0.0, 0.003, 0.5])
+def test_set_bits_of_a_large_bitmap_on_two_threads(density):
+    # 2^17 words: two threads list the halves, the second from the first half's count on
+    flags = torch.rand(1 << 22, generator=torch.Generator().manual_seed(7)) < density
+    words, expected = pack_bits(flags), torch.nonzero(flags).squeeze(1)
+    for threads in (1, 2):
+        assert torch.equal(set_bits_native(words, threads=threads), expected)
+
+
 def test_wrapping_add_matches_the_switch():
     big = torch.tensor([2**31 - 1, -(2**31), 5], dtype=torch.int32)
     assert add_int32([big, big]).tolist() == [-2, 0, 10]

@@ -26,7 +26,7 @@
  *     complete only when count <= cap
  *   set_positions(positions, k, words, n_words)   words: uint32, zeroed; positions in [0, 32 n_words)
  *   popcount(words, n) -> number of set bits of uint32 words[n]
- *   set_bits(words, n, out, count)    out: int64[count], the sorted positions of the set bits
+ *   set_bits(words, n, out, count, threads)   out: int64[count], the sorted positions of the set bits
  *   bloom_hits(n_items, words, n_words, seed, masks, n_masks, hits)
  *     words   const uint32[n_words]   the aggregated filter; an item's word and pattern come from one hash
  *     masks   const uint32[n_masks]   the patterns (n_masks a power of two), as index._patterns makes them
@@ -182,10 +182,19 @@ static int64_t popcount_words(const uint32_t *words, int64_t n)
     return total;
 }
 
-static void list_set_bits(const uint32_t *words, int64_t n, int64_t *out)
+/* The set bits of words [lo, hi), listed from `out`. */
+struct set_bits_part {
+    const uint32_t *words;
+    int64_t lo, hi;
+    int64_t *out;
+};
+
+static void list_set_bits(void *arg)
 {
-    for (int64_t i = 0; i < n; i++) {
-        for (uint32_t w = words[i]; w != 0; w &= w - 1) {
+    const struct set_bits_part *part = arg;
+    int64_t *out = part->out;
+    for (int64_t i = part->lo; i < part->hi; i++) {
+        for (uint32_t w = part->words[i]; w != 0; w &= w - 1) {
             *out++ = i * 32 + __builtin_ctz(w);
         }
     }
@@ -215,15 +224,24 @@ static PyObject *py_set_bits(PyObject *self, PyObject *args)
     (void)self;
     unsigned long long words, out;
     long long n, count;
-    if (!PyArg_ParseTuple(args, "KLKL", &words, &n, &out, &count)) {
+    int threads;
+    if (!PyArg_ParseTuple(args, "KLKLi", &words, &n, &out, &count, &threads)) {
         return NULL;
     }
-    /* The caller sized `out` by popcount; recount rather than trust it, so a bad size cannot overflow. */
-    int64_t total;
+    /* The caller sized `out` by popcount; recount rather than trust it, so a bad size cannot overflow.
+     * Two threads list the two halves of a large array, the second from the first half's count on. */
+    int64_t total = -1;
     Py_BEGIN_ALLOW_THREADS
-    total = n < 0 ? -1 : popcount_words((const uint32_t *)(uintptr_t)words, n);
-    if (total == count) {
-        list_set_bits((const uint32_t *)(uintptr_t)words, n, (int64_t *)(uintptr_t)out);
+    const uint32_t *w = (const uint32_t *)(uintptr_t)words;
+    const int64_t half = threads > 1 && n >= (1 << 16) ? n / 2 : n;
+    if (n >= 0) {
+        const int64_t first = popcount_words(w, half);
+        total = first + popcount_words(w + half, n - half);
+        struct set_bits_part a = {w, 0, half, (int64_t *)(uintptr_t)out};
+        struct set_bits_part b = {w, half, n, (int64_t *)(uintptr_t)out + first};
+        if (total == count) {
+            run_pair(list_set_bits, &b, &a, half < n ? threads : 1);
+        }
     }
     Py_END_ALLOW_THREADS
     if (total != count) {

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from .native import native, require_native
+from .native import kernel_threads, native, require_native
 
 if sys.byteorder != "little":  # pragma: no cover - every CPU and GPU torch runs on is little-endian
     raise ImportError("host_agent.codec assumes a little-endian machine (bit arrays are read as bytes)")
@@ -109,14 +109,16 @@ def set_bits(words: torch.Tensor) -> torch.Tensor:
     return set_bits_bytes(words)
 
 
-def set_bits_native(words: torch.Tensor) -> torch.Tensor:
-    """:func:`set_bits` by the compiled kernel (CPU tensors only)."""
+def set_bits_native(words: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """:func:`set_bits` by the compiled kernel (CPU tensors only); ``threads``: at most this many (default
+    :func:`kernel_threads`), the result does not depend on it."""
     kernels = require_native()
     if words.dtype != torch.int32 or words.dim() != 1 or words.device.type != "cpu":
         raise ValueError(f"set_bits wants a 1-D int32 CPU tensor, not {words.dtype} {tuple(words.shape)}")
     words = words.contiguous()
     out = torch.empty(kernels.popcount(words.data_ptr(), words.numel()), dtype=torch.int64)
-    kernels.set_bits(words.data_ptr(), words.numel(), out.data_ptr(), out.numel())
+    kernels.set_bits(words.data_ptr(), words.numel(), out.data_ptr(), out.numel(),
+                     kernel_threads() if threads is None else threads)
     return out
 
 

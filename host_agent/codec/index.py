@@ -7,6 +7,9 @@ Two layouts, both OR-mergeable, chosen per round by the byte cost they imply:
   precomputed patterns of ``k`` distinct bits; inserting ORs the pattern into the word, a query is one
   load and one compare. False positives become extra candidates whose values are zero.
 
+Granularity: an index entry may stand for ``group`` consecutive items (``granularity.py`` picks it from
+the last aggregate); a marked entry makes all its items candidates. ``group`` 1 is one entry per item.
+
 Sizing minimises the whole round's bytes, not the filter's alone: ``index bytes + expected false
 positives * bytes per candidate`` (4 * block bytes in union mode, times the sketch's cells per candidate
 in sketch mode), over a grid of filter sizes and ``k``, against the bitmap's fixed ``n_items / 8``. The
@@ -41,15 +44,40 @@ class IndexSpec:
     words: int
     k: int = 0
     seed: int = 0
+    group: int = 1  # consecutive items per entry
 
     def __post_init__(self) -> None:
         if self.kind not in ("bitmap", "bloom"):
             raise ValueError(f"unknown index kind {self.kind!r}")
+        if self.group < 1:
+            raise ValueError(f"an index entry stands for at least one item, not {self.group}")
+
+    @property
+    def entries(self) -> int:
+        return -(-self.n_items // self.group)
 
 
-def bitmap_spec(n_items: int) -> IndexSpec:
-    """The exact bitmap over ``n_items`` items."""
-    return IndexSpec("bitmap", n_items, (n_items + 31) // 32)
+def bitmap_spec(n_items: int, group: int = 1) -> IndexSpec:
+    """The exact bitmap over ``n_items`` items, one bit per ``group`` of them."""
+    return IndexSpec("bitmap", n_items, (-(-n_items // group) + 31) // 32, group=group)
+
+
+def group_entries(items: torch.Tensor, group: int) -> torch.Tensor:
+    """The index entries of sorted, distinct ``items``: their groups, sorted and distinct."""
+    if group == 1:
+        return items
+    return torch.unique_consecutive(torch.div(items, group, rounding_mode="floor"))
+
+
+def expand_groups(entries: torch.Tensor, group: int, n_items: int) -> torch.Tensor:
+    """Every item of the sorted ``entries`` (groups of ``group`` items), sorted, below ``n_items``."""
+    if group == 1:
+        return entries
+    offsets = torch.arange(group, dtype=entries.dtype, device=entries.device)
+    items = (entries.unsqueeze(1) * group + offsets).view(-1)
+    if items.numel() and int(items[-1]) >= n_items:  # only the last group can reach past the bucket
+        items = items[items < n_items]
+    return items
 
 
 @functools.cache
@@ -101,25 +129,28 @@ def _fp_grid() -> dict[tuple[int, int], float]:
 
 
 def choose_index(
-    n_items: int, expected_items: int, bytes_per_candidate: float, seed: int, kind: str = "auto"
+    n_items: int, expected_items: int, bytes_per_candidate: float, seed: int, kind: str = "auto",
+    group: int = 1,
 ) -> IndexSpec:
-    """The index layout that minimises index bytes + expected false-positive candidates' bytes.
+    """The index layout that minimises index bytes + expected false-positive candidates' bytes, for
+    ``expected_items`` candidates in entries of ``group`` items.
 
     ``kind`` forces "bitmap" or "bloom"; "auto" compares both.
     """
-    bitmap = bitmap_spec(n_items)
+    bitmap = bitmap_spec(n_items, group)
     if kind == "bitmap":
         return bitmap
     if kind not in ("bloom", "auto"):
         raise ValueError(f"index must be 'auto', 'bitmap' or 'bloom', not {kind!r}")
-    items = max(1, min(expected_items, n_items))
-    outside = n_items - items
+    entries = bitmap.entries
+    held = max(1, min(-(-expected_items // group), entries))
+    outside = entries - held
     best: tuple[float, IndexSpec] | None = None
     for (tenths, k), rate in _fp_grid().items():
-        words = max(1, math.ceil(items * tenths / 320))
-        cost = 4 * words + rate * outside * bytes_per_candidate
+        words = max(1, math.ceil(held * tenths / 320))
+        cost = 4 * words + rate * outside * group * bytes_per_candidate
         if best is None or cost < best[0]:
-            best = (cost, IndexSpec("bloom", n_items, words, k, seed))
+            best = (cost, IndexSpec("bloom", n_items, words, k, seed, group))
     assert best is not None
     if kind == "bloom" or best[0] < 4 * bitmap.words:
         return best[1]
@@ -127,10 +158,11 @@ def choose_index(
 
 
 def expected_false_positives(spec: IndexSpec, items: int) -> float:
-    """Expected candidates beyond the true items under ``spec``."""
+    """Expected candidates beyond the ``items`` true ones under ``spec`` (whole entries of them)."""
     if spec.kind == "bitmap":
         return 0.0
-    return bloom_fp_rate(items, spec.words, spec.k) * max(0, spec.n_items - items)
+    held = -(-items // spec.group)
+    return bloom_fp_rate(held, spec.words, spec.k) * max(0, spec.entries - held) * spec.group
 
 
 #: Seeds the table of bit patterns, which is fixed: the per-bucket, per-round seed already decides which
@@ -159,9 +191,10 @@ def _bloom_slots(spec: IndexSpec, items: torch.Tensor) -> tuple[torch.Tensor, to
 
 def encode_index(spec: IndexSpec, items: torch.Tensor) -> torch.Tensor:
     """This worker's index words (int32) for its sorted, distinct item numbers."""
+    entries = group_entries(items, spec.group)
     if spec.kind == "bitmap":
-        return words_from_positions(items, spec.words)
-    word, pattern = _bloom_slots(spec, items)
+        return words_from_positions(entries, spec.words)
+    word, pattern = _bloom_slots(spec, entries)
     _, positions = _patterns(spec.k, items.device)
     flags = torch.zeros(spec.words * 32, dtype=torch.bool, device=items.device)
     flags[(word * 32).unsqueeze(1) + positions[pattern]] = True
@@ -171,36 +204,37 @@ def encode_index(spec: IndexSpec, items: torch.Tensor) -> torch.Tensor:
 def query_index(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
     """Sorted candidate item numbers (int64) of an aggregated index: every item that may be held."""
     if spec.kind == "bitmap":
-        positions = set_bits(words)
-        # sorted: only a tail beyond the last item (the last word's padding, set by no worker) can be wrong
-        if positions.numel() and int(positions[-1]) >= spec.n_items:
-            return positions[positions < spec.n_items]
-        return positions
-    if words.device.type == "cpu" and native is not None:
-        return query_bloom_native(spec, words)
-    return query_bloom_chunks(spec, words)
+        entries = set_bits(words)
+        # sorted: only a tail beyond the last entry (the last word's padding, set by no worker) can be wrong
+        if entries.numel() and int(entries[-1]) >= spec.entries:
+            entries = entries[entries < spec.entries]
+    elif words.device.type == "cpu" and native is not None:
+        entries = query_bloom_native(spec, words)
+    else:
+        entries = query_bloom_chunks(spec, words)
+    return expand_groups(entries, spec.group, spec.n_items)
 
 
 def query_bloom_native(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
-    """The Bloom filter query by the compiled kernel (CPU only): a hit bit per item, then its set bits."""
+    """The Bloom filter query by the compiled kernel (CPU only): a hit bit per entry, then its set bits."""
     kernels = require_native()
     if words.dtype != torch.int32 or words.shape != (spec.words,) or words.device.type != "cpu":
         raise ValueError(f"the aggregated filter must be {spec.words} int32 CPU words, not {words.dtype}"
                          f" {tuple(words.shape)} on {words.device}")
     words = words.contiguous()
     masks, _ = _patterns(spec.k, words.device)
-    hits = torch.empty((spec.n_items + 31) // 32, dtype=torch.int32)
-    kernels.bloom_hits(spec.n_items, words.data_ptr(), spec.words, spec.seed & MASK32, masks.data_ptr(),
+    hits = torch.empty((spec.entries + 31) // 32, dtype=torch.int32)
+    kernels.bloom_hits(spec.entries, words.data_ptr(), spec.words, spec.seed & MASK32, masks.data_ptr(),
                       masks.numel(), hits.data_ptr())
     return set_bits(hits)
 
 
 def query_bloom_chunks(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
-    """The Bloom filter query in torch, in chunks of items, on any device."""
+    """The Bloom filter query in torch, in chunks of entries, on any device: the entries that may be held."""
     masks, _ = _patterns(spec.k, words.device)
     found = []
-    for start in range(0, spec.n_items, _QUERY_CHUNK):
-        ids = torch.arange(start, min(start + _QUERY_CHUNK, spec.n_items), device=words.device)
+    for start in range(0, spec.entries, _QUERY_CHUNK):
+        ids = torch.arange(start, min(start + _QUERY_CHUNK, spec.entries), device=words.device)
         word, pattern = _bloom_slots(spec, ids)
         mask = masks[pattern]
         hit = torch.bitwise_and(words[word], mask) == mask

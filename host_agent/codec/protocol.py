@@ -32,6 +32,7 @@ import torch
 from lhc_ina.constants import LANE_BYTES, LANES, Op
 
 from .agreement import agreement_words, check_agreement
+from .granularity import choose_group
 from .hashing import derive_seed
 from .index import IndexSpec, choose_index, encode_index, expected_false_positives, query_index
 from .items import gather_items, item_count, nonzero_rows, support_items
@@ -206,7 +207,8 @@ class Rounds:
             total = self._output().fill_(float("nan"))
         self.stats.update(nonfinite_ranks=list(self.nonfinite), index="none", candidates=0, residue=0,
                           scale=None, items=None)
-        state = CodecState(self.state.iteration + 1, self.state.items, self.state.exponent, self.shape)
+        state = CodecState(self.state.iteration + 1, self.state.items, self.state.exponent, self.shape,
+                           self.state.group)
         return Outcome(total, self.stats, state)
 
     def start(self) -> Round:
@@ -258,7 +260,7 @@ class Rounds:
         sketch = opts.mode == "sketch"
         value_bytes = LANE_BYTES * block * (cells_per_candidate(expected, opts.margin) if sketch else 1)
         index_seed = derive_seed(opts.seed, iteration, 1)
-        spec = choose_index(self.n_items, expected, value_bytes, index_seed, opts.index)
+        spec = choose_index(self.n_items, expected, value_bytes, index_seed, opts.index, self.state.group)
         candidates = expected + expected_false_positives(spec, expected)
         cells = 0
         if sketch:
@@ -334,11 +336,12 @@ class Rounds:
             rows = self._dequantize(self.values, self.values[run])
             total = self._output()
             self.output_range.scatter(total, self.cands[run], rows, self.block)
-            exact = self.index is not None and self.index.kind == "bitmap"
-            union = self.cands.numel() if exact else int((self.values != 0).any(dim=1).sum())
+            per_candidate = self.sketch.cells / max(1, len(self.cands)) if self.sketch else 1
+            cost = LANE_BYTES * self.block * per_candidate
+            group, union = choose_group(self.n_items, self.cands, (self.values != 0).any(dim=1), cost)
         decoded = self.values if self.peeled else rows
-        self.stats.update(self._sparse_stats(), decoded_elements=decoded.numel())
-        return self._outcome(total, union or None)  # an empty union tells nothing about the next round
+        self.stats.update(self._sparse_stats(), decoded_elements=decoded.numel(), next_group=group)
+        return self._outcome(total, union or None, group)  # an empty union tells nothing about the next round
 
     def _sparse_stats(self) -> dict:
         residue = self.stats.get("residue", 0)
@@ -393,10 +396,10 @@ class Rounds:
         # a sparse mode that sent the bucket densely still counted its items: the next round's estimate
         return self._outcome(total, min(self.item_sum, self.n_items) if self.item_sum else None)
 
-    def _outcome(self, total: torch.Tensor, items: int | None) -> Outcome:
+    def _outcome(self, total: torch.Tensor, items: int | None, group: int = 1) -> Outcome:
         exponent = self.agreed if self.agreed is not None else self.state.exponent
         state = CodecState(
-            self.state.iteration + 1, items, exponent if self.is_float else None, self.shape
+            self.state.iteration + 1, items, exponent if self.is_float else None, self.shape, group
         )
         self.stats.update(scale=self.scale if self.is_float else None, items=items)
         return Outcome(total, self.stats, state)

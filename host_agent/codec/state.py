@@ -45,6 +45,7 @@ class CodecState:
     items: int | None = None  # union items of the last round (estimate when not measured); None: unknown
     exponent: int | None = None  # agreed float32 exponent field of the last round's max |x|
     shape: BucketShape | None = None  # None only in a fresh state
+    group: int = 1  # items per index entry for the next round (granularity.py); `items` counts them whole
 
     def as_dict(self) -> dict:
         """Plain values (for checkpoints: ``torch.save`` and JSON alike)."""
@@ -54,7 +55,7 @@ class CodecState:
     def from_dict(cls, fields: dict) -> CodecState:
         shape = fields.get("shape")
         return cls(fields["iteration"], fields["items"], fields["exponent"],
-                   None if shape is None else BucketShape(**shape))
+                   None if shape is None else BucketShape(**shape), fields.get("group", 1))
 
     def mismatch(self, shape: BucketShape) -> str | None:
         """Why this state cannot be used for a bucket of ``shape``, or None if it can."""
