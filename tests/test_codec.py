@@ -34,7 +34,7 @@ from host_agent.codec.index import (
     query_bloom_native,
     query_index,
 )
-from host_agent.codec.items import scan_nonzero_native
+from host_agent.codec.items import fill_items, scan_nonzero_native, scatter_items
 from host_agent.codec.native import native_available
 from host_agent.codec.peeling import peel, peel_native, peel_parallel
 from host_agent.codec.quantize import dequantize, quantize
@@ -368,6 +368,34 @@ def test_set_bits_of_a_large_bitmap_on_two_threads(density):
     words, expected = pack_bits(flags), torch.nonzero(flags).squeeze(1)
     for threads in (1, 2):
         assert torch.equal(set_bits_native(words, threads=threads), expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.sampled_from([1, 33, 1000, (1 << 20) + 5]),  # 2^20 and more: two threads
+    block=st.sampled_from([1, 3, 16]),
+    density=st.sampled_from([0.0, 0.01, 0.5, 1.0]),
+    dtype=st.sampled_from([torch.float32, torch.int32, torch.float16]),  # float16: the torch path
+)
+def test_filling_a_bucket_from_rows_equals_zeroing_it_and_scattering(seed, n, block, density, dtype):
+    g = torch.Generator().manual_seed(seed)
+    n_items = -(-n // block)
+    items = torch.nonzero(torch.rand(n_items, generator=g) < density).squeeze(1)
+    rows = (torch.randn((items.numel(), block), generator=g) * 1000).to(dtype)
+    expected = torch.zeros(n, dtype=dtype)
+    scatter_items(expected, items, rows, block)
+    for threads in (1, 2):
+        out = torch.full((n,), 7, dtype=dtype)  # every element must be written
+        fill_items(out, items, rows, block, threads=threads)
+        assert torch.equal(out, expected)
+
+
+def test_filling_a_bucket_from_unsorted_rows_is_refused():
+    with pytest.raises(ValueError, match="not sorted, distinct and within the bucket"):
+        fill_items(torch.empty(100), torch.tensor([5, 3]), torch.ones(2, 1), 1)
+    with pytest.raises(ValueError, match="not sorted, distinct and within the bucket"):
+        fill_items(torch.empty(100), torch.tensor([5, 100]), torch.ones(2, 1), 1)
 
 
 def test_wrapping_add_matches_the_switch():

@@ -5,7 +5,7 @@
  *
  *   peel (peel_kernels.c)            peeling an aggregated sketch, in cache, on up to two threads
  *   encode_sketch (sketch_kernels.c) adding a worker's items into its sketch, in order of start segment
- *   scan_nonzero (scan_kernels.c)    the nonzero elements of a bucket, in one streaming pass
+ *   scan_nonzero, fill_items (scan_kernels.c)   a bucket to its nonzero elements and back, one pass each
  *   set_positions                    a bitmap from sorted positions (bits.words_from_positions)
  *   popcount, set_bits               the set bits of a word array, in one pass with ctz (bits.set_bits)
  *   bloom_hits                       every item's membership in a pattern-blocked Bloom filter, as a bit
@@ -22,6 +22,8 @@
  *     peeled  uint8[k]                out: 1 where recovered (must arrive zeroed)
  *   encode_sketch(k, geometry, items, values, out, threads)   out: int32 cells, zeroed; values
  *     int32[k][block]
+ *   fill_items(out, n, items, rows, k, block, threads)   out: 32-bit words[n] written whole; items int64[k]
+ *     sorted, rows 32-bit words[k][block]
  *   scan_nonzero(x, n, is_float, pos, vals, cap, threads) -> count; pos int64[cap], vals uint32[cap] are
  *     complete only when count <= cap
  *   set_positions(positions, k, words, n_words)   words: uint32, zeroed; positions in [0, 32 n_words)
@@ -120,6 +122,30 @@ static PyObject *py_encode_sketch(PyObject *self, PyObject *args)
     encode_sketch(k, &g, (const int64_t *)(uintptr_t)items, (const int32_t *)(uintptr_t)values,
                   (int32_t *)(uintptr_t)out, threads);
     Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_fill_items(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long out, items, rows;
+    long long n, k, block;
+    int threads, ok;
+    if (!PyArg_ParseTuple(args, "KLKKLLi", &out, &n, &items, &rows, &k, &block, &threads)) {
+        return NULL;
+    }
+    if (n < 0 || k < 0 || block < 1) {
+        PyErr_Format(PyExc_ValueError, "fill_items: bad sizes n=%lld k=%lld block=%lld", n, k, block);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    ok = fill_items((uint32_t *)(uintptr_t)out, n, (const int64_t *)(uintptr_t)items,
+                    (const uint32_t *)(uintptr_t)rows, k, block, threads);
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "fill_items: the items are not sorted, distinct and within the bucket");
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -293,6 +319,7 @@ static PyObject *py_bloom_hits(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"peel", py_peel, METH_VARARGS, "Peel an aggregated sketch (peel_kernels.c)."},
     {"encode_sketch", py_encode_sketch, METH_VARARGS, "Add items' values into their sketch cells."},
+    {"fill_items", py_fill_items, METH_VARARGS, "A bucket written whole from sorted rows, zeros between."},
     {"scan_nonzero", py_scan_nonzero, METH_VARARGS, "Positions and bits of a bucket's nonzero elements."},
     {"set_positions", py_set_positions, METH_VARARGS, "Set the bits at given positions of uint32 words."},
     {"popcount", py_popcount, METH_VARARGS, "Number of set bits of uint32 words."},

@@ -27,13 +27,15 @@ GROUPS = (1, 2, 4, 8, 16, 32, 64)
 _WINDOWS, _WINDOW = 64, 1024
 
 
-def _sample(cands: torch.Tensor, nonzero: torch.Tensor) -> list[torch.Tensor]:
-    """The nonzero items of up to _WINDOWS windows of _WINDOW consecutive candidates."""
+def _sample(cands: torch.Tensor, nonzero: torch.Tensor) -> torch.Tensor:
+    """The nonzero items of up to _WINDOWS windows of _WINDOW consecutive candidates, in order (so a
+    group is counted once, unless it straddles two adjacent windows)."""
     k = cands.numel()
     if k <= _WINDOWS * _WINDOW:
-        return [cands[nonzero]]
-    starts = torch.linspace(0, k - _WINDOW, _WINDOWS).long().tolist()
-    return [cands[s : s + _WINDOW][nonzero[s : s + _WINDOW]] for s in starts]
+        return cands[nonzero]
+    starts = torch.linspace(0, k - _WINDOW, _WINDOWS, device=cands.device).long()
+    at = (starts.unsqueeze(1) + torch.arange(_WINDOW, device=cands.device)).view(-1)
+    return torch.masked_select(cands.gather(0, at), nonzero.gather(0, at))
 
 
 def choose_group(n_items: int, cands: torch.Tensor, nonzero: torch.Tensor, bytes_per_candidate: float
@@ -44,17 +46,16 @@ def choose_group(n_items: int, cands: torch.Tensor, nonzero: torch.Tensor, bytes
     A group that would more than double the candidates never pays (the index is the smaller part of a
     round), so it is not priced.
     """
-    union = int(nonzero.sum())
+    union = int(torch.count_nonzero(nonzero))
     if union == 0:
         return 1, 0
-    windows = _sample(cands, nonzero)
-    sampled = sum(w.numel() for w in windows)
+    sample = _sample(cands, nonzero)
     best: tuple[float, int, int] | None = None
     for group in GROUPS:
         if group > n_items:
             break
-        grouped = sum(group_entries(w, group).numel() for w in windows)
-        candidates = min(n_items, math.ceil(grouped * union / sampled) * group)
+        grouped = group_entries(sample, group).numel()
+        candidates = min(n_items, math.ceil(grouped * union / sample.numel()) * group)
         if group > 1 and candidates > 2 * union:
             break
         spec = choose_index(n_items, candidates, bytes_per_candidate, seed=0, group=group)

@@ -119,13 +119,15 @@ def bloom_fp_rate(items: int, words: int, k: int) -> float:
 
 
 @functools.lru_cache(maxsize=1)
-def _fp_grid() -> dict[tuple[int, int], float]:
-    """False-positive rate for each (tenths of a bit per item, k) on the search grid, computed once."""
-    return {
-        (tenths, k): bloom_fp_rate(320, tenths, k)  # 320 items in `tenths` words: tenths/10 bits per item
-        for tenths in range(20, 481, 5)
-        for k in range(1, _MAX_K + 1)
-    }
+def _fp_grid() -> tuple[tuple[int, int, float], ...]:
+    """(tenths of a bit per item, k, false-positive rate) for each filter size on the search grid, with
+    the k of the lowest rate (the rest of a round's cost does not depend on k), computed once."""
+    grid = []
+    for tenths in range(20, 481, 5):  # 320 items in `tenths` words: tenths/10 bits per item
+        rates = [(bloom_fp_rate(320, tenths, k), k) for k in range(1, _MAX_K + 1)]
+        rate, k = min(rates)  # the smallest k among equal rates
+        grid.append((tenths, k, rate))
+    return tuple(grid)
 
 
 def choose_index(
@@ -146,7 +148,7 @@ def choose_index(
     held = max(1, min(-(-expected_items // group), entries))
     outside = entries - held
     best: tuple[float, IndexSpec] | None = None
-    for (tenths, k), rate in _fp_grid().items():
+    for tenths, k, rate in _fp_grid():
         words = max(1, math.ceil(held * tenths / 320))
         cost = 4 * words + rate * outside * group * bytes_per_candidate
         if best is None or cost < best[0]:

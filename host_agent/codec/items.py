@@ -82,6 +82,21 @@ def gather_items(x: torch.Tensor, items: torch.Tensor, block: int) -> torch.Tens
     return out
 
 
+def fill_items(out: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, block: int,
+               threads: int | None = None) -> None:
+    """Write ``out`` whole: (K, block) ``rows`` at sorted ``items``, zero elsewhere. On a CPU with the
+    compiled kernels and a 32-bit dtype, in one pass (a zero fill and then a scatter write it twice), on
+    up to ``threads`` threads (default ``kernel_threads()``)."""
+    if (out.device.type == "cpu" and native is not None and out.element_size() == 4 and out.is_contiguous()
+            and rows.dtype == out.dtype and items.dtype == torch.int64):
+        items, rows = items.contiguous(), rows.contiguous()
+        native.fill_items(out.data_ptr(), out.numel(), items.data_ptr(), rows.data_ptr(), items.numel(),
+                          block, kernel_threads() if threads is None else threads)
+        return
+    out.zero_()
+    scatter_items(out, items, rows, block)
+
+
 def scatter_items(out: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, block: int) -> None:
     """Write (K, block) ``rows`` into ``out`` at sorted ``items`` (the short last item is truncated)."""
     n = out.numel()

@@ -106,6 +106,10 @@ int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, c
                     int32_t *values, uint8_t *peeled, int threads);
 void encode_sketch(int64_t k, const struct geometry *g, const int64_t *items, const int32_t *values,
                    int32_t *out, int threads);
+/* out[0..n): the `block` words of row j at element items[j] * block (clipped at n), zeros elsewhere;
+ * 0 where items are not sorted, distinct and below n (out is then partly written). */
+int fill_items(uint32_t *out, int64_t n, const int64_t *items, const uint32_t *rows, int64_t k, int64_t block,
+               int threads);
 int64_t scan_nonzero(const uint32_t *x, int64_t n, int is_float, int64_t *pos, uint32_t *vals, int64_t cap,
                      int threads);
 

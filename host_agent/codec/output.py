@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .items import scatter_items
+from .items import fill_items
 from .options import is_int
 
 
@@ -65,15 +65,15 @@ class OutputRange:
         first, end = torch.searchsorted(cands, items).tolist()
         return slice(first, end)
 
-    def scatter(self, out: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, block: int) -> None:
-        """Write the (K, block) ``rows`` of sorted ``items``, each overlapping the range, into ``out``
-        (the range's elements); what lies outside the range is cut."""
+    def fill(self, out: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, block: int) -> None:
+        """Write ``out`` (the range's elements) whole: the (K, block) ``rows`` of sorted ``items``, each
+        overlapping the range, zero elsewhere; what lies outside the range is cut."""
         first = self.lo // block
         head = self.lo - first * block  # elements of the first item before the range
         items = items - first if first else items
         if head == 0:
-            scatter_items(out, items, rows, block)
+            fill_items(out, items, rows, block)
             return
-        padded = out.new_zeros(head + out.numel())
-        scatter_items(padded, items, rows, block)
+        padded = out.new_empty(head + out.numel())
+        fill_items(padded, items, rows, block)
         out.copy_(padded[head:])

@@ -334,8 +334,8 @@ class Rounds:
         with self.clock("decode"):
             run = self.output_range.candidates(self.cands, self.block)
             rows = self._dequantize(self.values, self.values[run])
-            total = self._output()
-            self.output_range.scatter(total, self.cands[run], rows, self.block)
+            total = self.x.new_empty(self.output_range.size) if self.out is None else self.out
+            self.output_range.fill(total, self.cands[run], rows, self.block)
             per_candidate = self.sketch.cells / max(1, len(self.cands)) if self.sketch else 1
             cost = LANE_BYTES * self.block * per_candidate
             group, union = choose_group(self.n_items, self.cands, (self.values != 0).any(dim=1), cost)

@@ -1,4 +1,9 @@
 /*
+ * The dense bucket to sparse rows and back, each in one pass over the bucket.
+ *
+ * fill_items: the inverse (items.fill_items): a bucket written whole from sorted rows, zeros between
+ * them, so that a decode writes its output once instead of zeroing it and then scattering into it.
+ *
  * scan_nonzero: the positions and bit patterns of the nonzero elements of a 32-bit bucket, in one pass
  * (items.nonzero_rows). A float is nonzero unless both its zeros (+0, -0); NaN counts as nonzero, like
  * torch's `x != 0`. Sixteen elements are tested at a time with SSE2 compares (any x86-64), so the cost is
@@ -116,4 +121,61 @@ int64_t scan_nonzero(const uint32_t *x, int64_t n, int is_float, int64_t *pos, u
     free(b.pos);
     free(b.vals);
     return total;
+}
+
+#define FILL_ZEROS 16
+
+struct fill {
+    uint32_t *out;
+    int64_t lo, hi;       /* the elements this part writes */
+    const int64_t *items;
+    const uint32_t *rows;
+    int64_t j_lo, j_hi;   /* the rows that lie in it */
+    int64_t block;
+    int bad;
+};
+
+static void fill_part(void *arg)
+{
+    struct fill *f = arg;
+    int64_t at = f->lo;
+    for (int64_t j = f->j_lo; j < f->j_hi; j++) {
+        const int64_t start = f->items[j] * f->block;
+        if (start < at || start >= f->hi) {
+            f->bad = 1; /* not sorted, not distinct or out of range: nothing more is written */
+            return;
+        }
+        /* Most gaps are a few elements: 16 zeros in two stores, then the rest. Zeros written past
+         * `start` are harmless, as everything from `start` on is written after them. */
+        if (at + FILL_ZEROS <= f->hi) {
+            memset(f->out + at, 0, FILL_ZEROS * sizeof(uint32_t));
+            if (start - at > FILL_ZEROS) {
+                memset(f->out + at + FILL_ZEROS, 0, (size_t)(start - at - FILL_ZEROS) * sizeof(uint32_t));
+            }
+        } else {
+            memset(f->out + at, 0, (size_t)(start - at) * sizeof(uint32_t));
+        }
+        const int64_t words = start + f->block <= f->hi ? f->block : f->hi - start; /* a short last item */
+        if (words == f->block) {
+            copy_lanes(f->out + start, f->rows + j * f->block, f->block);
+        } else {
+            memcpy(f->out + start, f->rows + j * f->block, (size_t)words * sizeof(uint32_t));
+        }
+        at = start + words;
+    }
+    memset(f->out + at, 0, (size_t)(f->hi - at) * sizeof(uint32_t));
+}
+
+int fill_items(uint32_t *out, int64_t n, const int64_t *items, const uint32_t *rows, int64_t k, int64_t block,
+               int threads)
+{
+    const int64_t half = threads > 1 && n >= (1 << 20) && k >= 2 ? k / 2 : k;
+    const int64_t cut = half < k ? items[half] * block : n;
+    if (cut < 0 || cut > n) {
+        return 0;
+    }
+    struct fill a = {out, 0, cut, items, rows, 0, half, block, 0};
+    struct fill b = {out, cut, n, items, rows, half, k, block, 0};
+    run_pair(fill_part, &b, &a, half < k ? threads : 1);
+    return !a.bad && !b.bad;
 }
