@@ -22,9 +22,7 @@ so the whole bucket reads as not finite, which is all a mixed-precision loss sca
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +37,7 @@ from .items import gather_items, item_count, nonzero_rows, support_items
 from .options import Options
 from .output import OutputRange
 from .peeling import peel
+from .phase_clock import PhaseClock
 from .quantize import (
     FLOAT_DTYPES,
     HEADER_WORDS,
@@ -79,29 +78,6 @@ class Outcome:
     total: torch.Tensor
     stats: dict
     state: CodecState
-
-
-class PhaseClock:
-    """Encode and decode time, when asked for (on CUDA it synchronizes the device around each phase)."""
-
-    def __init__(self, enabled: bool, device: torch.device) -> None:
-        self.enabled = enabled
-        self.sync = enabled and device.type == "cuda"
-        self.device = device
-        self.seconds = {"encode": 0.0, "decode": 0.0}
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        if not self.enabled:
-            yield
-            return
-        if self.sync:
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        yield
-        if self.sync:
-            torch.cuda.synchronize(self.device)
-        self.seconds[phase] += time.perf_counter() - start
 
 
 class Rounds:
@@ -191,7 +167,8 @@ class Rounds:
         return dequantize(part, self.scale or 0, self.x.dtype)
 
     def _output(self) -> torch.Tensor:
-        return self.x.new_zeros(self.output_range.size) if self.out is None else self.out.zero_()
+        """Where the total goes (not zeroed: every caller writes all of it)."""
+        return self.x.new_empty(self.output_range.size) if self.out is None else self.out
 
     def _parse_header(self, words: torch.Tensor) -> bool:
         """Read the OR of the headers; True when some worker's input was not finite (the caller then
@@ -245,7 +222,7 @@ class Rounds:
         assert expected is not None
         if self.item_sum == 0:  # no worker holds a nonzero: the sum is zero, nothing more to send
             with self.clock("decode"):
-                total = self._output()
+                total = self._output().zero_()
             self.stats.update(index="none", candidates=0, **self._sparse_stats())
             return self._outcome(total, None)
         return self._index_round(expected, [], None)
@@ -334,7 +311,7 @@ class Rounds:
         with self.clock("decode"):
             run = self.output_range.candidates(self.cands, self.block)
             rows = self._dequantize(self.values, self.values[run])
-            total = self.x.new_empty(self.output_range.size) if self.out is None else self.out
+            total = self._output()
             self.output_range.fill(total, self.cands[run], rows, self.block)
             per_candidate = self.sketch.cells / max(1, len(self.cands)) if self.sketch else 1
             cost = LANE_BYTES * self.block * per_candidate

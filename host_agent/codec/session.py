@@ -73,7 +73,8 @@ from .agreement import parameter_digest
 from .items import check_support_indices
 from .options import DEFAULT_HEADROOM, Options, is_int
 from .output import OutputRange
-from .protocol import Outcome, PhaseClock, Results, Round, Rounds
+from .phase_clock import PhaseClock
+from .protocol import Outcome, Results, Round, Rounds
 from .quantize import FLOAT_DTYPES, INT_DTYPES
 from .sketch import DEFAULT_MARGIN
 from .state import BucketShape, CodecState, Message, WorkerResult

@@ -1,0 +1,32 @@
+"""A session's encode and decode time, measured only when asked for (benchmarks, the agent's stats)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+class PhaseClock:
+    """Encode and decode time, when asked for (on CUDA it synchronizes the device around each phase)."""
+
+    def __init__(self, enabled: bool, device: torch.device) -> None:
+        self.enabled = enabled
+        self.sync = enabled and device.type == "cuda"
+        self.device = device
+        self.seconds = {"encode": 0.0, "decode": 0.0}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        yield
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        self.seconds[phase] += time.perf_counter() - start
