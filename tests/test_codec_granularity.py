@@ -73,7 +73,8 @@ def test_a_dense_region_ahead_of_scattered_items_does_not_mislead_the_choice():
     # the whole bucket, the scattered part decides (a group of 16 would send ~16x its candidates)
     cands = torch.cat([torch.arange(70_000), torch.randperm(10_000_000)[:200_000].sort().values + 70_000])
     cands = cands.unique()
-    group, candidates = choose_group(10_070_000, cands, torch.ones(cands.numel(), dtype=torch.bool), 4.0)
+    values = torch.ones((cands.numel(), 1), dtype=torch.int32)
+    group, candidates = choose_group(10_070_000, cands, values, 4.0)
     assert group == 1 and candidates == cands.numel()
 
 

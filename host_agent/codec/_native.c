@@ -14,12 +14,12 @@
  * Interface (called from peeling.py, sketch.py, items.py, bits.py and index.py, which check the dtypes,
  * shapes and contiguity of the tensors whose addresses they pass):
  *   geometry = (arity, starts, seg, block, start_seed, (seed_0, ..)): sketch.SketchSpec's layout
- *   peel(k, geometry, items, cells, values, peeled, threads) -> False where its records cannot count
- *     the candidates (2^26 or more, or 63 in one cell; values and peeled untouched), else True
+ *   peel(k, geometry, items, cells, values, peeled, threads) -> how many it peeled, or None where its
+ *     records cannot count the candidates (2^26 or more, or 63 in one cell; values and peeled untouched)
  *     items   const int64[k]          the candidates' item numbers (distinct, < 2^32)
  *     cells   const int32[cells][block]   the aggregated sketch (not modified)
- *     values  int32[k][block]         out: recovered sums, zero where not peeled (must arrive zeroed)
- *     peeled  uint8[k]                out: 1 where recovered (must arrive zeroed)
+ *     values  int32[k][block]         out: recovered sums, zero where not peeled (written whole)
+ *     peeled  uint8[k]                out: 1 where recovered (written whole)
  *   encode_sketch(k, geometry, items, values, out, threads)   out: int32 cells, zeroed; values
  *     int32[k][block]
  *   fill_items(out, n, items, rows, k, block, threads)   out: 32-bit words[n] written whole; items int64[k]
@@ -94,12 +94,12 @@ static PyObject *py_peel(PyObject *self, PyObject *args)
                          (int32_t *)(uintptr_t)values, (uint8_t *)(uintptr_t)peeled, threads);
     Py_END_ALLOW_THREADS
     if (status == PEEL_TOO_MANY) {
-        Py_RETURN_FALSE;
+        Py_RETURN_NONE;
     }
     if (status < 0) {
         return PyErr_NoMemory();
     }
-    Py_RETURN_TRUE;
+    return PyLong_FromLongLong(status);
 }
 
 static PyObject *py_encode_sketch(PyObject *self, PyObject *args)

@@ -38,14 +38,15 @@ def _sample(cands: torch.Tensor, nonzero: torch.Tensor) -> torch.Tensor:
     return torch.masked_select(cands.gather(0, at), nonzero.gather(0, at))
 
 
-def choose_group(n_items: int, cands: torch.Tensor, nonzero: torch.Tensor, bytes_per_candidate: float
+def choose_group(n_items: int, cands: torch.Tensor, values: torch.Tensor, bytes_per_candidate: float
                  ) -> tuple[int, int]:
     """(group, expected candidates) for the next round, from this round's sorted candidates ``cands``
-    and which of them summed to nonzero (``nonzero``, bool).
+    and their decoded (K, block) ``values`` (a candidate whose sum is zero is not in the union).
 
     A group that would more than double the candidates never pays (the index is the smaller part of a
     round), so it is not priced.
     """
+    nonzero = values.view(-1) != 0 if values.shape[1] == 1 else (values != 0).any(dim=1)
     union = int(torch.count_nonzero(nonzero))
     if union == 0:
         return 1, 0

@@ -88,18 +88,19 @@ struct by_start {
  * the caller to fill in start order. 0 without memory. */
 int sort_by_start(const struct geometry *g, int64_t k, const int64_t *items, const int32_t *values,
                   int threads, struct by_start *out);
-/* flags[i] = sorted_flags[j] and, where that is set, values[i] = s->values[j], candidate i having gone to
- * place j. */
-void unsort_by_start(const struct geometry *g, int64_t k, struct by_start *s, const uint8_t *sorted_flags,
-                     int32_t *values, uint8_t *flags);
+/* flags[i] = sorted_flags[j] and values[i] = s->values[j] where that is set, else zeros, candidate i
+ * having gone to place j; returns how many flags are set. */
+int64_t unsort_by_start(const struct geometry *g, int64_t k, struct by_start *s, const uint8_t *sorted_flags,
+                        int32_t *values, uint8_t *flags);
 void free_by_start(struct by_start *s);
 
 /* Run fn(arg_a) on a second thread and fn(arg_b) on this one, or both here when no thread can be
  * started: the results never depend on which. */
 void run_pair(void (*fn)(void *), void *arg_a, void *arg_b, int threads);
 
-/* peel_sketch returns 0, -1 without memory, or PEEL_TOO_MANY where its records cannot count the
- * candidates (k >= PEEL_MAX_CANDIDATES, or 63 in one cell): the caller then peels with torch. */
+/* peel_sketch returns how many candidates it peeled, -1 without memory, or PEEL_TOO_MANY where its
+ * records cannot count the candidates (k >= PEEL_MAX_CANDIDATES, or 63 in one cell): the caller then
+ * peels with torch. */
 #define PEEL_TOO_MANY (-2)
 #define PEEL_MAX_CANDIDATES (1LL << 26)
 int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, const int32_t *cells,

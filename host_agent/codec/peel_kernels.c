@@ -302,10 +302,8 @@ int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, c
     }
     free(p.rec);
     free(stack);
-    if (!overflow) {
-        unsort_by_start(g, k, &sorted, p.peeled, values, peeled);
-    }
+    const int64_t found = overflow ? PEEL_TOO_MANY : unsort_by_start(g, k, &sorted, p.peeled, values, peeled);
     free(p.peeled);
     free_by_start(&sorted);
-    return overflow ? PEEL_TOO_MANY : 0;
+    return found;
 }

@@ -44,10 +44,13 @@ class PeelResult:
     values: torch.Tensor  # (K, block) int32: recovered sums, zero where not peeled
     peeled: torch.Tensor  # (K,) bool
     rounds: int | None  # parallel rounds of the torch code; None from the compiled kernel
+    complete: bool | None = None  # whether every candidate was peeled, where already counted
 
     @property
     def residue(self) -> torch.Tensor:
         """Positions (into the candidate list) of the candidates peeling could not recover."""
+        if self.complete:
+            return torch.empty(0, dtype=torch.int64, device=self.peeled.device)
         return torch.nonzero(~self.peeled).squeeze(1)
 
 
@@ -80,15 +83,15 @@ def peel_native(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor, thre
         raise ValueError("too many candidates for one sketch")
     items = items.contiguous()
     cells = cells.contiguous()
-    values = torch.zeros((k, spec.block), dtype=torch.int32)
-    peeled = torch.zeros(k, dtype=torch.bool)
-    done = kernels.peel(
+    values = torch.empty((k, spec.block), dtype=torch.int32)
+    peeled = torch.empty(k, dtype=torch.bool)
+    found = kernels.peel(
         k, spec.geometry(), items.data_ptr(), cells.data_ptr(), values.data_ptr(), peeled.data_ptr(),
         kernel_threads() if threads is None else threads,
     )
-    if not done:  # more candidates than its records count: the torch rounds, same result, slower
+    if found is None:  # more candidates than its records count: the torch rounds, same result, slower
         return peel_parallel(cell_ids(spec, items), cells)
-    return PeelResult(values, peeled, None)
+    return PeelResult(values, peeled, None, found == k)
 
 
 def peel_parallel(ids: torch.Tensor, cells: torch.Tensor) -> PeelResult:

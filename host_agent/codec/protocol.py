@@ -315,7 +315,7 @@ class Rounds:
             self.output_range.fill(total, self.cands[run], rows, self.block)
             per_candidate = self.sketch.cells / max(1, len(self.cands)) if self.sketch else 1
             cost = LANE_BYTES * self.block * per_candidate
-            group, union = choose_group(self.n_items, self.cands, (self.values != 0).any(dim=1), cost)
+            group, union = choose_group(self.n_items, self.cands, self.values, cost)
         decoded = self.values if self.peeled else rows
         self.stats.update(self._sparse_stats(), decoded_elements=decoded.numel(), next_group=group)
         return self._outcome(total, union or None, group)  # an empty union tells nothing about the next round

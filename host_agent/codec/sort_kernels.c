@@ -29,6 +29,7 @@ struct half {
     const uint8_t *flags; /* unsort: the sorted flags */
     int32_t *dst_values;  /* unsort: the caller's values and flags */
     uint8_t *dst_flags;
+    int64_t found;        /* unsort: flags set */
 };
 
 static void count_half(void *arg)
@@ -60,13 +61,18 @@ static void gather_half(void *arg)
     struct half *h = arg;
     const int64_t block = h->g->block;
     const struct by_start *s = h->out;
+    int64_t found = 0;
     for (int64_t i = h->lo; i < h->hi; i++) {
         const int64_t j = h->cursor[s->start[i]]++;
         h->dst_flags[i] = h->flags[j];
+        found += h->flags[j];
         if (h->flags[j]) {
             copy_lanes(h->dst_values + i * block, s->values + j * block, block);
+        } else {
+            memset(h->dst_values + i * block, 0, (size_t)block * sizeof(int32_t));
         }
     }
+    h->found = found;
 }
 
 /* The two halves of k candidates, each with its count and cursor arrays from `scratch` (4 * starts). */
@@ -74,9 +80,9 @@ static void halves(const struct geometry *g, int64_t k, int threads, struct by_s
                    struct half *b)
 {
     const int64_t mid = threads > 1 && k >= SORT_SPLIT_MIN ? k / 2 : k, starts = g->starts;
-    *a = (struct half){g, NULL, NULL, out, 0, mid, out->scratch, out->scratch + starts, NULL, NULL, NULL};
+    *a = (struct half){g, NULL, NULL, out, 0, mid, out->scratch, out->scratch + starts, NULL, NULL, NULL, 0};
     *b = (struct half){g, NULL, NULL, out, mid, k, out->scratch + 2 * starts, out->scratch + 3 * starts,
-                       NULL, NULL, NULL};
+                       NULL, NULL, NULL, 0};
 }
 
 int sort_by_start(const struct geometry *g, int64_t k, const int64_t *items, const int32_t *values,
@@ -108,8 +114,8 @@ int sort_by_start(const struct geometry *g, int64_t k, const int64_t *items, con
     return 1;
 }
 
-void unsort_by_start(const struct geometry *g, int64_t k, struct by_start *s, const uint8_t *sorted_flags,
-                     int32_t *values, uint8_t *flags)
+int64_t unsort_by_start(const struct geometry *g, int64_t k, struct by_start *s, const uint8_t *sorted_flags,
+                        int32_t *values, uint8_t *flags)
 {
     struct half a, b;
     halves(g, k, s->threads, s, &a, &b);
@@ -121,6 +127,7 @@ void unsort_by_start(const struct geometry *g, int64_t k, struct by_start *s, co
     a.dst_values = b.dst_values = values;
     a.dst_flags = b.dst_flags = flags;
     run_pair(gather_half, &b, &a, b.lo < b.hi ? s->threads : 1);
+    return a.found + b.found;
 }
 
 void free_by_start(struct by_start *s)
