@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(SUITES[argv[0]][0])
     suite_parser = argparse.ArgumentParser(prog=f"lhc-bench {argv[0]}", description=SUITES[argv[0]][1])
     module.add_arguments(suite_parser)
-    return module.run(suite_parser.parse_args(argv[1:]))
+    args = suite_parser.parse_args(argv[1:])
+    args.argv = argv  # for a suite that reruns itself in a child process
+    return module.run(args)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ import argparse
 import ctypes
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -32,6 +34,8 @@ SWEEP_BLOCKS = (1, 32)
 
 
 MODES = ("sketch", "union", "dense")
+#: The compiled kernels, or the torch code they are held to (what an install without a compiler runs).
+KERNELS = ("native", "torch")
 
 
 def _items(text: str, parse, ok, what: str) -> list:
@@ -65,6 +69,10 @@ def _at_least(low: int, high: int | None = None):
             raise argparse.ArgumentTypeError(f"{value} is outside {low}..{high if high else 'inf'}")
         return value
     return parse
+
+
+def _kernels(text: str) -> list[str]:
+    return _items(text, str, lambda v: v in KERNELS, f"kernels among {', '.join(KERNELS)}")
 
 
 def _margin(text: str) -> float:
@@ -110,6 +118,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also measure peeling failures, N rounds (default 0)")
     parser.add_argument("--peel-candidates", type=_at_least(1),
                         help="candidates per peeling trial (default: the first case's union)")
+    parser.add_argument("--kernels", type=_kernels, default=["native"],
+                        help="native,torch: the compiled kernels, the torch reference, or both side by side "
+                             "(each in its own process; default native)")
     parser.add_argument("--plot", metavar="FILE.png", help="write a plot of the cases")
 
 
@@ -238,6 +249,7 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
         "threads": torch.get_num_threads(),
         # the compiled CPU kernels (peeling, set bits); without them the torch code runs, slower
         "native_kernels": native_available() and args.device == "cpu",
+        "kernels": "native" if native_available() else "torch",
     }
 
 
@@ -286,7 +298,7 @@ def _plot(cases: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{c['mode']}\n{c['density'] * 100:g}% b{c['block']}" for c in cases]
+    labels = [f"{c['mode']}\n{c['density'] * 100:g}% b{c['block']}\n{c['kernels']}" for c in cases]
     fig, axes = plt.subplots(1, 3, figsize=(max(9, 1.1 * len(cases) * 3 / 2), 4))
     for ax, key, title in zip(
         axes,
@@ -304,9 +316,28 @@ def _plot(cases: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _other_kernels(argv: list[str], kernels: str) -> list[dict]:
+    """The same cases with ``kernels`` (LHC_CODEC_KERNELS is read once, at import): in a child process
+    given this run's ``argv`` (the last --kernels wins; the peeling trials stay here, and this process
+    writes the plot after the child, with every case)."""
+    from host_agent.codec.native import KERNELS_VARIABLE
+
+    env = {**os.environ, KERNELS_VARIABLE: kernels}
+    command = [sys.executable, "-m", "benchmarks.cli", *argv, "--kernels", kernels, "--peel-trials", "0"]
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=True)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from host_agent.codec.native import KERNELS_VARIABLE, native_available
+
+    here = "native" if native_available() else "torch"
+    if "native" in args.kernels and here == "torch" and KERNELS_VARIABLE not in os.environ:
+        print("lhc-bench codec: the compiled kernels are not built (pip install -e . with a C compiler);"
+              " --kernels torch measures the torch code", file=sys.stderr)
+        return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     tuned = False if args.system_malloc else _tune_malloc()
@@ -314,11 +345,18 @@ def run(args: argparse.Namespace) -> int:
     blocks = list(SWEEP_BLOCKS) if args.sweep else args.block
     combos = [(m, d, b) for d in densities for b in blocks for m in args.mode]
     cases = []
-    for mode, density, block in tqdm(combos, desc="codec cases", file=sys.stderr, disable=len(combos) < 2):
-        case = run_case(args, mode, density, block)
-        case["malloc_tuned"] = tuned
-        cases.append(case)
-        print(json.dumps(case), flush=True)
+    if here in args.kernels:
+        progress = tqdm(combos, desc="codec cases", file=sys.stderr, disable=len(combos) < 2)
+        for mode, density, block in progress:
+            case = run_case(args, mode, density, block)
+            case["malloc_tuned"] = tuned
+            cases.append(case)
+            print(json.dumps(case), flush=True)
+    for kernels in args.kernels:
+        if kernels != here:
+            for case in _other_kernels(args.argv, kernels):
+                cases.append(case)
+                print(json.dumps(case), flush=True)
     if args.peel_trials:
         from host_agent.codec import DEFAULT_MARGIN
 

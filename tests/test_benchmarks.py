@@ -44,6 +44,19 @@ def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys):
     assert trials["cells_per_candidate"] > 1.22
 
 
+def test_codec_benchmark_puts_the_kernels_beside_the_torch_code(capsys):
+    argv = ["codec", "--length", "30000", "--repeats", "1", "--mode", "sketch,union",
+            "--kernels", "native,torch"]
+    assert main(argv) == 0
+    rows = _json_lines(capsys.readouterr().out)
+    assert [(r["kernels"], r["mode"]) for r in rows] == [
+        ("native", "sketch"), ("native", "union"), ("torch", "sketch"), ("torch", "union")]
+    assert [r["native_kernels"] for r in rows] == [True, True, False, False]
+    for native, torch_code in zip(rows[:2], rows[2:], strict=True):
+        assert native["exact"] and torch_code["exact"]
+        assert native["bytes_per_worker"] == torch_code["bytes_per_worker"]  # the same words on the wire
+
+
 @pytest.mark.parametrize("case", ["pipeline", "udp"])
 def test_switch_benchmark_reports_rates_of_both_pipelines(case, capsys):
     from softswitch.native import native_available

@@ -462,6 +462,18 @@ def test_peeling_recovers_every_value_above_threshold_and_wraps():
     assert torch.equal(result.values, values)
 
 
+@pytest.mark.parametrize(("choice", "says"), [("torch", "False"), ("fast", "must be 'native' or 'torch'")])
+def test_the_torch_code_can_be_chosen_where_the_kernels_are_built(choice, says):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LHC_CODEC_KERNELS": choice}
+    code = "from host_agent.codec.native import native_available; print(native_available())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert says in done.stdout + done.stderr
+
+
 def test_the_compiled_kernels_are_built():
     # setup.py builds it with any C compiler; without it the codec still works, only slower.
     assert native_available(), "host_agent/codec/_native.c is not built: pip install -e . with gcc present"

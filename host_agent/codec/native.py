@@ -6,6 +6,9 @@ same results (tested), the kernels only faster.
 The peeling and the nonzero scan split a large bucket between two threads (their results never depend on
 it). ``LHC_CODEC_THREADS`` sets how many they may use (1 turns threading off); by default as many as this
 process may run on, at most two.
+
+``LHC_CODEC_KERNELS=torch`` runs the torch code even where the kernels are built: what an install without
+a compiler runs, to compare the two (``lhc-bench codec --kernels native,torch``).
 """
 
 from __future__ import annotations
@@ -13,11 +16,17 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-native: ModuleType | None
-try:
-    from . import _native as native
-except ImportError:  # built without a C compiler
-    native = None
+KERNELS_VARIABLE = "LHC_CODEC_KERNELS"
+_choice = os.environ.get(KERNELS_VARIABLE, "native")
+if _choice not in ("native", "torch"):
+    raise ValueError(f"{KERNELS_VARIABLE} must be 'native' or 'torch', not {_choice!r}")
+
+native: ModuleType | None = None
+if _choice == "native":
+    try:
+        from . import _native as native
+    except ImportError:  # built without a C compiler
+        native = None
 
 
 def native_available() -> bool:
