@@ -275,15 +275,18 @@ int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, c
     /* Two zones only where each holds whole candidates and the work pays for a thread. */
     const int split = threads > 1 && g->starts >= 8 * arity && k >= 65536;
     const int64_t mid = split ? segments / 2 : segments;
-    struct zone a = {&p, 0, mid, 0, split ? mid - arity + 1 : g->starts, 1, 0, 0, 0, 0, 0, 0, stack, 0, 0};
-    struct zone b = {&p, mid, segments, mid, g->starts, 0, 0, 0, 0, 0, 0, 0, stack + mid * g->seg, 0, 0};
+    struct zone a = {.p = &p, .seg_hi = mid, .start_hi = split ? mid - arity + 1 : g->starts, .upwards = 1,
+                     .stack = stack};
+    struct zone b = {.p = &p, .seg_lo = mid, .seg_hi = segments, .start_lo = mid, .start_hi = g->starts,
+                     .stack = stack + mid * g->seg};
     int overflow = 0;
     if (split) {
         struct zone_call left = {&a, 0, mid - arity + 1}, right = {&b, mid + arity - 1, segments};
         run_pair(zone_main, &right, &left, threads);
         /* The middle, on this thread: the straddlers complete every segment; peel the middle's pure
          * cells and what they free anywhere. */
-        struct zone all = {&p, 0, segments, 0, g->starts, 1, 0, segments, 0, 0, 0, 0, stack, 0, 0};
+        struct zone all = {.p = &p, .seg_hi = segments, .start_hi = g->starts, .upwards = 1,
+                           .init_hi = segments, .stack = stack};
         overflow = a.overflow || b.overflow;
         for (int64_t s = a.start_hi; s < b.start_lo && !overflow; s++) {
             overflow = !insert_start(&p, s);
