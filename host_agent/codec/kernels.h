@@ -71,6 +71,10 @@ static inline void copy_lanes(void *dst, const void *src, int64_t block)
  * start segment of each of n items. Built for AVX2 and for any x86-64, picked when the library loads. */
 #define HASH_CHUNK 64
 void hash_cells(const struct geometry *g, const uint32_t *items, int n, int64_t start, uint32_t *at);
+/* hash_group: the cells of HASH_GROUP items of any start segments (each start hashed too), as
+ * at[t * HASH_GROUP + i]; peeling hashes the candidates it frees a group at a time this way. */
+#define HASH_GROUP 16
+void hash_group(const struct geometry *g, const uint32_t *items, uint32_t *at);
 void hash_starts(const struct geometry *g, const int64_t *items, int64_t n, uint32_t *start);
 
 /* Candidates reordered by start segment (a counting sort, sort_kernels.c): their item numbers and

@@ -35,7 +35,7 @@
 #define COUNT_BITS 6
 #define COUNT_MASK ((1u << COUNT_BITS) - 1)
 #define REC_LANES 1
-#define GROUP 16     /* pure cells whose cache misses are overlapped */
+#define GROUP HASH_GROUP /* pure cells whose cache misses are overlapped */
 #define PREFETCH 8   /* candidates ahead whose cells are fetched while inserting */
 #define NONE UINT32_MAX
 
@@ -49,7 +49,8 @@ struct peel {
 };
 
 /* One zone's state: its segments [seg_lo, seg_hi), those initialised [init_lo, init_hi), those complete
- * [done_lo, done_hi), and its stack of pure cells (room for each of its cells once). */
+ * [done_lo, done_hi), and its stack of pure cells (room for each of its cells once, and one more for the
+ * branch-free push's spare write). */
 struct zone {
     struct peel *p;
     int64_t seg_lo, seg_hi, start_lo, start_hi;
@@ -114,64 +115,78 @@ static int insert_start(struct peel *p, int64_t s)
     return 1;
 }
 
-static int complete(const struct zone *z, int64_t cell)
-{
-    return cell >= z->done_cell_lo && cell < z->done_cell_hi;
-}
-
 /* Peel the stack's cells and whatever they free in complete segments, GROUP cells at a time so that
- * their cache misses overlap: fetch the group's records, then their candidates' item numbers, then the
- * cells those hash to; only then update, judging each cell afresh (counts only fall once complete, so a
- * cell still at 1 still holds the candidate read before). */
-static void drain(struct zone *z)
+ * their cache misses overlap: fetch the group's records, then their candidates' item numbers, then hash
+ * the items (vectorized) and fetch their cells; only then update, judging each cell afresh (counts only
+ * fall once complete, so a cell still at 1 still holds the candidate read before). A cell that falls to
+ * 1 is pushed without a branch: whether it does is a coin toss that a branch would often mispredict.
+ * Inlined for a constant block of 1 (the lanes' loop then goes away). */
+static inline __attribute__((always_inline)) void drain_block(struct zone *z, const int64_t block)
 {
-    struct peel *p = z->p;
+    const struct peel *p = z->p;
     const struct geometry *g = p->g;
-    const int64_t block = g->block, stride = p->stride;
-    uint32_t cell[GROUP], cand[GROUP];
-    int64_t at[GROUP][MAX_ARITY];
-    while (z->depth > 0) {
-        const int n = z->depth < GROUP ? (int)z->depth : GROUP;
-        z->depth -= n;
+    const int arity = g->arity;
+    const int64_t stride = REC_LANES + block;
+    const uint64_t done_lo = (uint64_t)z->done_cell_lo, done_cells = (uint64_t)(z->done_cell_hi - z->done_cell_lo);
+    uint32_t *const rec = p->rec, *const stack = z->stack;
+    const uint32_t *const item_of = p->sorted->item;
+    int32_t *const values = p->sorted->values;
+    uint8_t *const peeled = p->peeled;
+    int64_t depth = z->depth;
+    uint32_t cell[GROUP], cand[GROUP], item[GROUP], at[MAX_ARITY * GROUP];
+    while (depth > 0) {
+        const int n = depth < GROUP ? (int)depth : GROUP;
+        depth -= n;
         for (int i = 0; i < n; i++) {
-            cell[i] = z->stack[z->depth + i];
-            __builtin_prefetch(p->rec + (int64_t)cell[i] * stride, 1);
+            cell[i] = stack[depth + i];
+            __builtin_prefetch(rec + (int64_t)cell[i] * stride, 1);
         }
         for (int i = 0; i < n; i++) {
-            const uint32_t *r = p->rec + (int64_t)cell[i] * stride;
-            cand[i] = (r[0] & COUNT_MASK) == 1 ? r[0] >> COUNT_BITS : NONE;
+            const uint32_t word = rec[(int64_t)cell[i] * stride];
+            cand[i] = (word & COUNT_MASK) == 1 ? word >> COUNT_BITS : NONE;
             if (cand[i] != NONE) {
-                __builtin_prefetch(p->sorted->item + cand[i]);
+                __builtin_prefetch(item_of + cand[i]);
+            }
+        }
+        for (int i = 0; i < GROUP; i++) {
+            item[i] = i < n && cand[i] != NONE ? item_of[cand[i]] : 0;
+        }
+        hash_group(g, item, at);
+        for (int i = 0; i < n; i++) {
+            for (int t = 0; t < arity && cand[i] != NONE; t++) {
+                __builtin_prefetch(rec + (int64_t)at[t * GROUP + i] * stride, 1);
             }
         }
         for (int i = 0; i < n; i++) {
-            if (cand[i] != NONE) {
-                const uint32_t item = p->sorted->item[cand[i]];
-                cells_of(g, item, start_of(g, item), at[i]);
-                for (int t = 0; t < g->arity; t++) {
-                    __builtin_prefetch(p->rec + at[i][t] * stride, 1);
-                }
-            }
-        }
-        for (int i = 0; i < n; i++) {
-            const uint32_t *pure = p->rec + (int64_t)cell[i] * stride, j = cand[i];
+            const uint32_t *pure = rec + (int64_t)cell[i] * stride, j = cand[i];
             if (j == NONE || (pure[0] & COUNT_MASK) != 1) {
                 continue; /* not pure, or its candidate was peeled through another cell since */
             }
-            int32_t *out = p->sorted->values + (int64_t)j * block;
+            int32_t *out = values + (int64_t)j * block;
             copy_lanes(out, pure + REC_LANES, block);
-            p->peeled[j] = 1;
-            for (int t = 0; t < g->arity; t++) {
-                uint32_t *r = p->rec + at[i][t] * stride;
+            peeled[j] = 1;
+            for (int t = 0; t < arity; t++) {
+                const uint32_t c = at[t * GROUP + i];
+                uint32_t *r = rec + (int64_t)c * stride;
                 for (int64_t l = 0; l < block; l++) {
                     r[REC_LANES + l] -= (uint32_t)out[l];
                 }
-                r[0] = (r[0] ^ (j << COUNT_BITS)) - 1;
-                if ((r[0] & COUNT_MASK) == 1 && complete(z, at[i][t])) {
-                    z->stack[z->depth++] = (uint32_t)at[i][t];
-                }
+                const uint32_t word = (r[0] ^ (j << COUNT_BITS)) - 1;
+                r[0] = word;
+                stack[depth] = c; /* kept only where c is now pure and in a complete segment */
+                depth += ((word & COUNT_MASK) == 1) & ((uint64_t)c - done_lo < done_cells);
             }
         }
+    }
+    z->depth = depth;
+}
+
+static void drain(struct zone *z)
+{
+    if (z->p->g->block == 1) {
+        drain_block(z, 1);
+    } else {
+        drain_block(z, z->p->g->block);
     }
 }
 
@@ -263,7 +278,7 @@ int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, c
     }
     struct peel p = {g, REC_LANES + g->block, NULL, cells, &sorted, NULL};
     p.rec = malloc((size_t)(m > 0 ? m : 1) * (size_t)p.stride * sizeof(uint32_t));
-    uint32_t *stack = malloc((size_t)(m + 1) * sizeof(uint32_t));
+    uint32_t *stack = malloc((size_t)(m + 2) * sizeof(uint32_t));
     p.peeled = calloc((size_t)(k > 0 ? k : 1), 1);
     if (p.rec == NULL || stack == NULL || p.peeled == NULL) {
         free(p.rec);
@@ -278,7 +293,7 @@ int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, c
     struct zone a = {.p = &p, .seg_hi = mid, .start_hi = split ? mid - arity + 1 : g->starts, .upwards = 1,
                      .stack = stack};
     struct zone b = {.p = &p, .seg_lo = mid, .seg_hi = segments, .start_lo = mid, .start_hi = g->starts,
-                     .stack = stack + mid * g->seg};
+                     .stack = stack + mid * g->seg + 1};
     int overflow = 0;
     if (split) {
         struct zone_call left = {&a, 0, mid - arity + 1}, right = {&b, mid + arity - 1, segments};

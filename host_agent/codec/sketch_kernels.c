@@ -40,6 +40,22 @@ void hash_cells(const struct geometry *g, const uint32_t *items, int n, int64_t 
 }
 
 VECTOR_CLONES
+void hash_group(const struct geometry *g, const uint32_t *items, uint32_t *at)
+{
+    const uint32_t seg = (uint32_t)g->seg, starts = (uint32_t)g->starts, start_seed = g->start_seed;
+    uint32_t base[HASH_GROUP];
+    for (int i = 0; i < HASH_GROUP; i++) {
+        base[i] = starts > 1 ? cell_hash(items[i], start_seed, starts) * seg : 0;
+    }
+    for (int t = 0; t < g->arity; t++) {
+        const uint32_t seed = g->seeds[t], offset = (uint32_t)t * seg;
+        for (int i = 0; i < HASH_GROUP; i++) {
+            at[t * HASH_GROUP + i] = base[i] + offset + cell_hash(items[i], seed, seg);
+        }
+    }
+}
+
+VECTOR_CLONES
 void hash_starts(const struct geometry *g, const int64_t *items, int64_t n, uint32_t *start)
 {
     if (g->starts <= 1) {
