@@ -377,8 +377,9 @@ def test_set_bits_of_a_large_bitmap_on_two_threads(density):
     block=st.sampled_from([1, 3, 16]),
     density=st.sampled_from([0.0, 0.01, 0.5, 1.0]),
     dtype=st.sampled_from([torch.float32, torch.int32, torch.float16]),  # float16: the torch path
+    offset=st.sampled_from([0, 1, 5]),  # an output that starts off a cache line (a view into a larger tensor)
 )
-def test_filling_a_bucket_from_rows_equals_zeroing_it_and_scattering(seed, n, block, density, dtype):
+def test_filling_a_bucket_from_rows_equals_zeroing_it_and_scattering(seed, n, block, density, dtype, offset):
     g = torch.Generator().manual_seed(seed)
     n_items = -(-n // block)
     items = torch.nonzero(torch.rand(n_items, generator=g) < density).squeeze(1)
@@ -386,9 +387,10 @@ def test_filling_a_bucket_from_rows_equals_zeroing_it_and_scattering(seed, n, bl
     expected = torch.zeros(n, dtype=dtype)
     scatter_items(expected, items, rows, block)
     for threads in (1, 2):
-        out = torch.full((n,), 7, dtype=dtype)  # every element must be written
-        fill_items(out, items, rows, block, threads=threads)
-        assert torch.equal(out, expected)
+        base = torch.full((offset + n + 1,), 7, dtype=dtype)  # every element must be written
+        fill_items(base[offset:offset + n], items, rows, block, threads=threads)
+        assert torch.equal(base[offset:offset + n], expected)
+        assert (base[:offset] == 7).all() and base[-1] == 7  # and nothing beside it
 
 
 def test_filling_a_bucket_from_unsorted_rows_is_refused():
@@ -396,6 +398,15 @@ def test_filling_a_bucket_from_unsorted_rows_is_refused():
         fill_items(torch.empty(100), torch.tensor([5, 3]), torch.ones(2, 1), 1)
     with pytest.raises(ValueError, match="not sorted, distinct and within the bucket"):
         fill_items(torch.empty(100), torch.tensor([5, 100]), torch.ones(2, 1), 1)
+    for items in ([3, 3], [-1, 2], [7, 2]):
+        with pytest.raises(ValueError, match="not sorted, distinct and within the bucket"):
+            fill_items(torch.empty(100), torch.tensor(items), torch.ones(2, 4), 4)
+    big = torch.arange(0, 1 << 21, 2)  # two threads, each part of a bucket of 2^22 elements
+    for bad_at in (10, (1 << 19) + 3, len(big) - 1):  # in the first part, the second, the last row
+        items = big.clone()
+        items[bad_at] = 1 << 22 if bad_at == len(big) - 1 else items[bad_at - 1]
+        with pytest.raises(ValueError, match="not sorted, distinct and within the bucket"):
+            fill_items(torch.empty(1 << 22), items, torch.ones(len(items), 1), 1, threads=2)
 
 
 def test_wrapping_add_matches_the_switch():

@@ -123,7 +123,12 @@ int64_t scan_nonzero(const uint32_t *x, int64_t n, int is_float, int64_t *pos, u
     return total;
 }
 
-#define FILL_ZEROS 16
+/* The output is written a chunk at a time: each chunk is built in a buffer that stays in the L1 cache
+ * (zeros, then the rows that fall in it) and copied out once. In a bucket larger than the cache, chunks
+ * are stored past the cache (non-temporal stores): the output would be evicted before it is read anyway,
+ * and such a store need not first read the line it overwrites, a third of a copy's memory traffic. */
+#define CHUNK_WORDS 1024
+#define STREAM_MIN_WORDS (1 << 20) /* 4 MiB */
 
 struct fill {
     uint32_t *out;
@@ -132,38 +137,78 @@ struct fill {
     const uint32_t *rows;
     int64_t j_lo, j_hi;   /* the rows that lie in it */
     int64_t block;
+    int stream;
     int bad;
 };
+
+static void store_words(uint32_t *dst, const uint32_t *src, int64_t words, int stream)
+{
+    int64_t done = 0;
+#ifdef __SSE2__
+    if (stream && (uintptr_t)dst % 16 == 0) {
+        for (; done + 4 <= words; done += 4) {
+            _mm_stream_si128((__m128i *)(dst + done), _mm_load_si128((const __m128i *)(src + done)));
+        }
+    }
+#endif
+    (void)stream;
+    memcpy(dst + done, src + done, (size_t)(words - done) * sizeof(uint32_t));
+}
 
 static void fill_part(void *arg)
 {
     struct fill *f = arg;
-    int64_t at = f->lo;
-    for (int64_t j = f->j_lo; j < f->j_hi; j++) {
-        const int64_t start = f->items[j] * f->block;
-        if (start < at || start >= f->hi) {
-            f->bad = 1; /* not sorted, not distinct or out of range: nothing more is written */
-            return;
-        }
-        /* Most gaps are a few elements: 16 zeros in two stores, then the rest. Zeros written past
-         * `start` are harmless, as everything from `start` on is written after them. */
-        if (at + FILL_ZEROS <= f->hi) {
-            memset(f->out + at, 0, FILL_ZEROS * sizeof(uint32_t));
-            if (start - at > FILL_ZEROS) {
-                memset(f->out + at + FILL_ZEROS, 0, (size_t)(start - at - FILL_ZEROS) * sizeof(uint32_t));
+    const int64_t block = f->block;
+    int64_t j = f->j_lo, end = f->lo; /* the next row, and where the last whole one ended */
+    _Alignas(64) uint32_t chunk[CHUNK_WORDS];
+    for (int64_t e = f->lo; e < f->hi;) {
+        /* up to the next chunk boundary of the output's addresses, so that the stores are aligned */
+        const int64_t to_boundary = CHUNK_WORDS - (int64_t)((uintptr_t)(f->out + e) / sizeof(uint32_t) % CHUNK_WORDS);
+        const int64_t e_next = e + to_boundary < f->hi ? e + to_boundary : f->hi;
+        memset(chunk, 0, (size_t)(e_next - e) * sizeof(uint32_t));
+        if (block == 1) { /* the common case, in a tight loop: no row straddles */
+            for (; j < f->j_hi && f->items[j] < e_next; j++) {
+                if (f->items[j] < end) {
+                    f->bad = 1;
+                    return;
+                }
+                chunk[f->items[j] - e] = f->rows[j];
+                end = f->items[j] + 1;
             }
-        } else {
-            memset(f->out + at, 0, (size_t)(start - at) * sizeof(uint32_t));
         }
-        const int64_t words = start + f->block <= f->hi ? f->block : f->hi - start; /* a short last item */
-        if (words == f->block) {
-            copy_lanes(f->out + start, f->rows + j * f->block, f->block);
-        } else {
-            memcpy(f->out + start, f->rows + j * f->block, (size_t)words * sizeof(uint32_t));
+        while (j < f->j_hi) {
+            const int64_t start = f->items[j] * block;
+            if (start >= e_next) {
+                break;
+            }
+            if (start < end || start >= f->hi) {
+                f->bad = 1; /* not sorted, not distinct or out of range: nothing more is written */
+                return;
+            }
+            const int64_t row_end = start + block < f->hi ? start + block : f->hi; /* a short last item */
+            if (row_end <= e_next && start >= e) {
+                copy_lanes(chunk + (start - e), f->rows + j * block, row_end - start);
+            } else { /* the part of a row that straddles chunks in this one */
+                const int64_t from = start > e ? start : e, to = row_end < e_next ? row_end : e_next;
+                memcpy(chunk + (from - e), f->rows + j * block + (from - start), (size_t)(to - from) * sizeof(uint32_t));
+                if (row_end > e_next) {
+                    break; /* the row goes on in the next chunk */
+                }
+            }
+            end = row_end;
+            j++;
         }
-        at = start + words;
+        store_words(f->out + e, chunk, e_next - e, f->stream);
+        e = e_next;
     }
-    memset(f->out + at, 0, (size_t)(f->hi - at) * sizeof(uint32_t));
+    if (j < f->j_hi) {
+        f->bad = 1; /* rows beyond the part */
+    }
+#ifdef __SSE2__
+    if (f->stream) {
+        _mm_sfence(); /* the streamed stores are visible before the caller reads the output */
+    }
+#endif
 }
 
 int fill_items(uint32_t *out, int64_t n, const int64_t *items, const uint32_t *rows, int64_t k, int64_t block,
@@ -174,8 +219,9 @@ int fill_items(uint32_t *out, int64_t n, const int64_t *items, const uint32_t *r
     if (cut < 0 || cut > n) {
         return 0;
     }
-    struct fill a = {out, 0, cut, items, rows, 0, half, block, 0};
-    struct fill b = {out, cut, n, items, rows, half, k, block, 0};
+    const int stream = n >= STREAM_MIN_WORDS;
+    struct fill a = {out, 0, cut, items, rows, 0, half, block, stream, 0};
+    struct fill b = {out, cut, n, items, rows, half, k, block, stream, 0};
     run_pair(fill_part, &b, &a, half < k ? threads : 1);
     return !a.bad && !b.bad;
 }

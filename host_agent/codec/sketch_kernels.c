@@ -8,12 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define VECTOR_CLONES
-#endif
-
 /* mix32 and reduce32 again, on 32-bit lanes only, so that each loop below vectorizes. */
 static inline uint32_t cell_hash(uint32_t item, uint32_t seed, uint32_t size)
 {
