@@ -10,7 +10,8 @@
  * starts up to s are inserted, no later candidate touches segment s: it is *complete*, and its count-1
  * cells are truly pure. Candidates are inserted start by start; after each start the newly complete
  * segment's pure cells are peeled, with whatever they free in complete segments, at once. A cell in a
- * segment still filling is updated but never judged; its segment's scan judges it when it completes.
+ * segment still filling is updated but never judged: its count carries a bias (PENDING) until its
+ * segment's scan removes it and judges the cell, so that a count of 1 alone means pure and complete.
  * Peeling thus follows one step behind insertion, within a window of a few segments (a few hundred KiB)
  * instead of a sketch-sized table, and every record is brought into cache about once.
  *
@@ -31,9 +32,11 @@
 
 /* A record's first word: the candidate count in its low COUNT_BITS, the XOR of the candidates' numbers
  * in start order (their index in `sorted`) above; then `block` lanes. 8 bytes at block 1: the window the
- * wave works in stays half as large as with separate words. */
+ * wave works in stays half as large as with separate words. While its segment fills, the count is
+ * PENDING more than the candidates, so a cell counts at most PENDING - 1 = 31 of them. */
 #define COUNT_BITS 6
 #define COUNT_MASK ((1u << COUNT_BITS) - 1)
+#define PENDING (1u << (COUNT_BITS - 1))
 #define REC_LANES 1
 #define GROUP HASH_GROUP /* pure cells whose cache misses are overlapped */
 #define PREFETCH 8   /* candidates ahead whose cells are fetched while inserting */
@@ -56,7 +59,6 @@ struct zone {
     int64_t seg_lo, seg_hi, start_lo, start_hi;
     int upwards;
     int64_t init_lo, init_hi, done_lo, done_hi;
-    int64_t done_cell_lo, done_cell_hi; /* the complete segments' cells */
     uint32_t *stack;
     int64_t depth;
     int overflow; /* a cell of the zone would count more candidates than its record holds */
@@ -67,7 +69,7 @@ static void init_segments(struct peel *p, int64_t seg_lo, int64_t seg_hi)
     const int64_t block = p->g->block, seg = p->g->seg;
     for (int64_t c = seg_lo * seg; c < seg_hi * seg; c++) {
         uint32_t *r = p->rec + c * p->stride;
-        r[0] = 0;
+        r[0] = PENDING;
         copy_lanes(r + REC_LANES, p->cells + c * block, block);
     }
 }
@@ -127,7 +129,6 @@ static inline __attribute__((always_inline)) void drain_block(struct zone *z, co
     const struct geometry *g = p->g;
     const int arity = g->arity;
     const int64_t stride = REC_LANES + block;
-    const uint64_t done_lo = (uint64_t)z->done_cell_lo, done_cells = (uint64_t)(z->done_cell_hi - z->done_cell_lo);
     uint32_t *const rec = p->rec, *const stack = z->stack;
     const uint32_t *const item_of = p->sorted->item;
     int32_t *const values = p->sorted->values;
@@ -173,8 +174,8 @@ static inline __attribute__((always_inline)) void drain_block(struct zone *z, co
                 }
                 const uint32_t word = (r[0] ^ (j << COUNT_BITS)) - 1;
                 r[0] = word;
-                stack[depth] = c; /* kept only where c is now pure and in a complete segment */
-                depth += ((word & COUNT_MASK) == 1) & ((uint64_t)c - done_lo < done_cells);
+                stack[depth] = c; /* kept only where c is now pure (so complete: PENDING) */
+                depth += (word & COUNT_MASK) == 1;
             }
         }
     }
@@ -190,12 +191,14 @@ static void drain(struct zone *z)
     }
 }
 
-/* Stack the pure cells of segments [lo, hi) (complete ones) and peel. */
+/* Segments [lo, hi) are now complete: take their counts' bias off, stack their pure cells and peel. */
 static void scan_and_drain(struct zone *z, int64_t lo, int64_t hi)
 {
     const int64_t seg = z->p->g->seg, stride = z->p->stride;
     for (int64_t c = lo * seg; c < hi * seg; c++) {
-        if ((z->p->rec[c * stride] & COUNT_MASK) == 1) {
+        uint32_t *r = z->p->rec + c * stride;
+        *r -= PENDING;
+        if ((*r & COUNT_MASK) == 1) {
             z->stack[z->depth++] = (uint32_t)c;
         }
     }
@@ -206,8 +209,6 @@ static void set_done(struct zone *z, int64_t lo, int64_t hi)
 {
     z->done_lo = lo;
     z->done_hi = hi;
-    z->done_cell_lo = lo * z->p->g->seg;
-    z->done_cell_hi = hi * z->p->g->seg;
 }
 
 /* Mark segments [lo, hi), adjacent to the complete range, complete; peel their pure cells. */
@@ -307,8 +308,7 @@ int64_t peel_sketch(int64_t k, const struct geometry *g, const int64_t *items, c
             overflow = !insert_start(&p, s);
         }
         if (!overflow) {
-            set_done(&all, 0, segments);
-            scan_and_drain(&all, a.done_hi, b.done_lo);
+            scan_and_drain(&all, a.done_hi, b.done_lo); /* the zones completed the rest */
         }
     } else {
         struct zone_call whole = {&a, 0, segments};

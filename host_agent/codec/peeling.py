@@ -24,7 +24,7 @@ and values (tested against each other):
   compiler present: candidates inserted start segment by start segment, and each segment peeled as soon
   as no later candidate can touch it, so that the peeling follows the insertion as a wave through a
   window of a few segments (in cache); the chain's two halves on two threads. It has no rounds
-  (``rounds`` is None). Its 8-byte records count at most 63 candidates per cell and 2^26 in all; beyond
+  (``rounds`` is None). Its 8-byte records count at most 31 candidates per cell and 2^26 in all; beyond
   that (never at random, a bucket of 64M candidates at least) the torch rounds run instead.
 """
 
