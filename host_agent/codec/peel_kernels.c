@@ -39,7 +39,7 @@
 #define PENDING (1u << (COUNT_BITS - 1))
 #define REC_LANES 1
 #define GROUP HASH_GROUP /* pure cells whose cache misses are overlapped */
-#define PREFETCH 8   /* candidates ahead whose cells are fetched while inserting */
+#define PREFETCH 8   /* candidates ahead whose cells are fetched while inserting wide blocks */
 #define NONE UINT32_MAX
 
 struct peel {
@@ -92,29 +92,45 @@ static void ensure_init(struct zone *z, int64_t lo, int64_t hi)
     }
 }
 
-/* Insert start s's candidates; 0 where a cell would overflow its count (the records are then unusable). */
-static int insert_start(struct peel *p, int64_t s)
+/* Insert start s's candidates; 0 where a cell would overflow its count (the records are then unusable).
+ * Records of wide blocks spill the cache, so their cells are fetched PREFETCH candidates ahead; at block 1
+ * the window is in L2 already and the fetches would only cost instructions. Inlined, like drain_block,
+ * for the fused layout at block 1. */
+static inline __attribute__((always_inline)) int insert_block(struct peel *p, int64_t s, const int64_t block,
+                                                              const int arity)
 {
     const struct geometry *g = p->g;
-    const int64_t end = p->sorted->bounds[s + 1];
+    const int64_t end = p->sorted->bounds[s + 1], stride = REC_LANES + block;
+    uint32_t *const rec = p->rec;
     uint32_t at[MAX_ARITY * HASH_CHUNK];
     for (int64_t j0 = p->sorted->bounds[s]; j0 < end; j0 += HASH_CHUNK) {
         const int n = end - j0 < HASH_CHUNK ? (int)(end - j0) : HASH_CHUNK;
         hash_cells(g, p->sorted->item + j0, n, s, at);
         for (int i = 0; i < n; i++) {
-            for (int t = 0; t < g->arity && i + PREFETCH < n; t++) {
-                __builtin_prefetch(p->rec + (int64_t)at[t * HASH_CHUNK + i + PREFETCH] * p->stride, 1);
+            if (block > 1 && i + PREFETCH < n) {
+                for (int t = 0; t < arity; t++) {
+                    __builtin_prefetch(rec + (int64_t)at[t * HASH_CHUNK + i + PREFETCH] * stride, 1);
+                }
             }
-            for (int t = 0; t < g->arity; t++) {
-                uint32_t *r = p->rec + (int64_t)at[t * HASH_CHUNK + i] * p->stride;
-                if ((r[0] & COUNT_MASK) == COUNT_MASK) {
+            const uint32_t number = (uint32_t)(j0 + i) << COUNT_BITS;
+            for (int t = 0; t < arity; t++) {
+                uint32_t *r = rec + (int64_t)at[t * HASH_CHUNK + i] * stride;
+                if ((*r & COUNT_MASK) == COUNT_MASK) {
                     return 0;
                 }
-                r[0] = (r[0] + 1) ^ ((uint32_t)(j0 + i) << COUNT_BITS);
+                *r = (*r + 1) ^ number;
             }
         }
     }
     return 1;
+}
+
+static int insert_start(struct peel *p, int64_t s)
+{
+    if (p->g->block == 1 && p->g->arity == 4) {
+        return insert_block(p, s, 1, 4);
+    }
+    return insert_block(p, s, p->g->block, p->g->arity);
 }
 
 /* Peel the stack's cells and whatever they free in complete segments, GROUP cells at a time so that
@@ -122,12 +138,12 @@ static int insert_start(struct peel *p, int64_t s)
  * the items (vectorized) and fetch their cells; only then update, judging each cell afresh (counts only
  * fall once complete, so a cell still at 1 still holds the candidate read before). A cell that falls to
  * 1 is pushed without a branch: whether it does is a coin toss that a branch would often mispredict.
- * Inlined for a constant block of 1 (the lanes' loop then goes away). */
-static inline __attribute__((always_inline)) void drain_block(struct zone *z, const int64_t block)
+ * Inlined for the fused layout at block 1 (constant loops unroll, the lanes' loop goes away). */
+static inline __attribute__((always_inline)) void drain_block(struct zone *z, const int64_t block,
+                                                               const int arity)
 {
     const struct peel *p = z->p;
     const struct geometry *g = p->g;
-    const int arity = g->arity;
     const int64_t stride = REC_LANES + block;
     uint32_t *const rec = p->rec, *const stack = z->stack;
     const uint32_t *const item_of = p->sorted->item;
@@ -184,10 +200,10 @@ static inline __attribute__((always_inline)) void drain_block(struct zone *z, co
 
 static void drain(struct zone *z)
 {
-    if (z->p->g->block == 1) {
-        drain_block(z, 1);
+    if (z->p->g->block == 1 && z->p->g->arity == 4) {
+        drain_block(z, 1, 4);
     } else {
-        drain_block(z, z->p->g->block);
+        drain_block(z, z->p->g->block, z->p->g->arity);
     }
 }
 
