@@ -82,3 +82,15 @@ def test_a_state_saved_before_granularity_loads_with_one_item_per_entry():
     fields = CodecState(3, items=10, exponent=None).as_dict()
     del fields["group"]
     assert CodecState.from_dict(fields).group == 1
+
+
+@pytest.mark.parametrize("block", [1, 4])
+def test_a_union_that_lies_between_the_sampled_windows_is_counted_whole(block):
+    # 200,000 candidates (a round of groups, most of them zero) whose few nonzero rows all fall between
+    # the 64 windows the choice samples: it must still count them, not divide by an empty sample
+    cands = torch.arange(200_000) * 3
+    values = torch.zeros((cands.numel(), block), dtype=torch.int32)
+    between = torch.tensor([1500, 1501, 1502, 1503, 90_000])  # windows start every ~3,100 candidates
+    values[between, -1] = 5
+    group, candidates = choose_group(600_000, cands, values, 4.0)
+    assert candidates >= between.numel() and 1 <= group <= 64

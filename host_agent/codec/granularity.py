@@ -27,15 +27,19 @@ GROUPS = (1, 2, 4, 8, 16, 32, 64)
 _WINDOWS, _WINDOW = 64, 1024
 
 
-def _sample(cands: torch.Tensor, nonzero: torch.Tensor) -> torch.Tensor:
+def _nonzero_rows(values: torch.Tensor) -> torch.Tensor:
+    return values.view(-1) != 0 if values.shape[1] == 1 else (values != 0).any(dim=1)
+
+
+def _sample(cands: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """The nonzero items of up to _WINDOWS windows of _WINDOW consecutive candidates, in order (so a
     group is counted once, unless it straddles two adjacent windows)."""
     k = cands.numel()
     if k <= _WINDOWS * _WINDOW:
-        return cands[nonzero]
+        return cands[_nonzero_rows(values)]
     starts = torch.linspace(0, k - _WINDOW, _WINDOWS, device=cands.device).long()
     at = (starts.unsqueeze(1) + torch.arange(_WINDOW, device=cands.device)).view(-1)
-    return torch.masked_select(cands.gather(0, at), nonzero.gather(0, at))
+    return torch.masked_select(cands.gather(0, at), _nonzero_rows(values.index_select(0, at)))
 
 
 def choose_group(n_items: int, cands: torch.Tensor, values: torch.Tensor, bytes_per_candidate: float
@@ -44,13 +48,16 @@ def choose_group(n_items: int, cands: torch.Tensor, values: torch.Tensor, bytes_
     and their decoded (K, block) ``values`` (a candidate whose sum is zero is not in the union).
 
     A group that would more than double the candidates never pays (the index is the smaller part of a
-    round), so it is not priced.
+    round), so it is not priced. Only the union's size reads every candidate (in one pass, no mask at
+    block 1); the groups are counted in the sample.
     """
-    nonzero = values.view(-1) != 0 if values.shape[1] == 1 else (values != 0).any(dim=1)
-    union = int(torch.count_nonzero(nonzero))
+    counted = values if values.shape[1] == 1 else _nonzero_rows(values)
+    union = int(torch.count_nonzero(counted))
     if union == 0:
         return 1, 0
-    sample = _sample(cands, nonzero)
+    sample = _sample(cands, values)
+    if not sample.numel():  # the union lies between the windows: count it whole
+        sample = cands[_nonzero_rows(values)]
     best: tuple[float, int, int] | None = None
     for group in GROUPS:
         if group > n_items:
