@@ -17,6 +17,7 @@ setup(
             "host_agent.codec._native",
             [
                 "host_agent/codec/_native.c",
+                "host_agent/codec/bloom_kernels.c",
                 "host_agent/codec/peel_kernels.c",
                 "host_agent/codec/scan_kernels.c",
                 "host_agent/codec/sketch_kernels.c",

@@ -8,8 +8,8 @@
  *   scan_nonzero, fill_items (scan_kernels.c)   a bucket to its nonzero elements and back, one pass each
  *   set_positions                    a bitmap from sorted positions (bits.words_from_positions)
  *   popcount, set_bits               the set bits of a word array, in one pass with ctz (bits.set_bits)
- *   bloom_hits                       every item's membership in a pattern-blocked Bloom filter, as a bit
- *                                    array; one hash, one load and one compare per item
+ *   bloom_hits (bloom_kernels.c)     every item's membership in a pattern-blocked Bloom filter, as a bit
+ *                                    array; one hash, two loads and one compare per item
  *
  * Interface (called from peeling.py, sketch.py, items.py, bits.py and index.py, which check the dtypes,
  * shapes and contiguity of the tensors whose addresses they pass):
@@ -29,7 +29,7 @@
  *   set_positions(positions, k, words, n_words)   words: uint32, zeroed; positions in [0, 32 n_words)
  *   popcount(words, n) -> number of set bits of uint32 words[n]
  *   set_bits(words, n, out, count, threads)   out: int64[count], the sorted positions of the set bits
- *   bloom_hits(n_items, words, n_words, seed, masks, n_masks, hits)
+ *   bloom_hits(n_items, words, n_words, seed, masks, n_masks, hits, threads)
  *     words   const uint32[n_words]   the aggregated filter; an item's word and pattern come from one hash
  *     masks   const uint32[n_masks]   the patterns (n_masks a power of two), as index._patterns makes them
  *     hits    uint32[ceil(n_items / 32)]   out: bit i set when item i may be held
@@ -303,29 +303,15 @@ static PyObject *py_set_bits(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static void bloom_hits(int64_t n_items, const uint32_t *words, int64_t n_words, uint32_t seed,
-                       const uint32_t *masks, uint32_t mask_bits, uint32_t *hits)
-{
-    for (int64_t base = 0; base < n_items; base += 32) {
-        const int64_t n = n_items - base < 32 ? n_items - base : 32;
-        uint32_t found = 0;
-        for (int64_t b = 0; b < n; b++) {
-            const uint32_t h = mix32((uint32_t)(base + b) ^ seed);
-            const uint32_t mask = masks[h & mask_bits];
-            const uint32_t word = words[((uint64_t)h * (uint64_t)n_words) >> 32];
-            found |= (uint32_t)((word & mask) == mask) << b;
-        }
-        hits[base / 32] = found;
-    }
-}
-
 static PyObject *py_bloom_hits(PyObject *self, PyObject *args)
 {
     (void)self;
     long long n_items, n_words, n_masks;
     unsigned long seed;
     unsigned long long words, masks, hits;
-    if (!PyArg_ParseTuple(args, "LKLkKLK", &n_items, &words, &n_words, &seed, &masks, &n_masks, &hits)) {
+    int threads;
+    if (!PyArg_ParseTuple(args, "LKLkKLKi", &n_items, &words, &n_words, &seed, &masks, &n_masks, &hits,
+                          &threads)) {
         return NULL;
     }
     if (n_items < 0 || n_items > (1LL << 32) || n_words < 1 || n_words >= (1LL << 32) || n_masks < 1 ||
@@ -336,7 +322,7 @@ static PyObject *py_bloom_hits(PyObject *self, PyObject *args)
     }
     Py_BEGIN_ALLOW_THREADS
     bloom_hits(n_items, (const uint32_t *)(uintptr_t)words, n_words, (uint32_t)seed,
-               (const uint32_t *)(uintptr_t)masks, (uint32_t)(n_masks - 1), (uint32_t *)(uintptr_t)hits);
+               (const uint32_t *)(uintptr_t)masks, (uint32_t)(n_masks - 1), (uint32_t *)(uintptr_t)hits, threads);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }

@@ -27,7 +27,7 @@ import torch
 
 from .bits import pack_bits, set_bits, words_from_positions
 from .hashing import MASK32, hash_items, mix32, reduce_range
-from .native import native, require_native
+from .native import kernel_threads, native, require_native
 
 PATTERN_BITS = 12
 _PATTERNS = 1 << PATTERN_BITS
@@ -217,8 +217,9 @@ def query_index(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
     return expand_groups(entries, spec.group, spec.n_items)
 
 
-def query_bloom_native(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
-    """The Bloom filter query by the compiled kernel (CPU only): a hit bit per entry, then its set bits."""
+def query_bloom_native(spec: IndexSpec, words: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    """The Bloom filter query by the compiled kernel (CPU only): a hit bit per entry, then its set bits.
+    ``threads``: at most this many (default :func:`kernel_threads`); the result does not depend on it."""
     kernels = require_native()
     if words.dtype != torch.int32 or words.shape != (spec.words,) or words.device.type != "cpu":
         raise ValueError(f"the aggregated filter must be {spec.words} int32 CPU words, not {words.dtype}"
@@ -227,7 +228,7 @@ def query_bloom_native(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
     masks, _ = _patterns(spec.k, words.device)
     hits = torch.empty((spec.entries + 31) // 32, dtype=torch.int32)
     kernels.bloom_hits(spec.entries, words.data_ptr(), spec.words, spec.seed & MASK32, masks.data_ptr(),
-                      masks.numel(), hits.data_ptr())
+                      masks.numel(), hits.data_ptr(), kernel_threads() if threads is None else threads)
     return set_bits(hits)
 
 

@@ -123,6 +123,10 @@ void encode_sketch(int64_t k, const struct geometry *g, const int64_t *items, co
  * 0 where items are not sorted, distinct and below n (out is then partly written). */
 int fill_items(uint32_t *out, int64_t n, const int64_t *items, const uint32_t *rows, int64_t k, int64_t block,
                int threads);
+/* hits[i / 32] bit i % 32: whether entry i (of n_items) may be in the filter `words` (index._bloom_slots's
+ * word and pattern from one hash of i ^ seed, masks[] the patterns, mask_bits = len(masks) - 1). */
+void bloom_hits(int64_t n_items, const uint32_t *words, int64_t n_words, uint32_t seed, const uint32_t *masks,
+                uint32_t mask_bits, uint32_t *hits, int threads);
 int64_t scan_nonzero(const uint32_t *x, int64_t n, int is_float, int64_t *pos, uint32_t *vals, int64_t cap,
                      int threads);
 
