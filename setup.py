@@ -18,6 +18,7 @@ setup(
             [
                 "host_agent/codec/_native.c",
                 "host_agent/codec/bloom_kernels.c",
+                "host_agent/codec/hash_kernels.c",
                 "host_agent/codec/peel_kernels.c",
                 "host_agent/codec/scan_kernels.c",
                 "host_agent/codec/sketch_kernels.c",

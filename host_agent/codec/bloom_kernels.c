@@ -6,11 +6,6 @@
  */
 #include "kernels.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define HAVE_AVX2_PATH 1
-#endif
-
 struct bloom_part {
     int64_t lo, hi; /* entries; lo a multiple of 32 */
     const uint32_t *words, *masks;
@@ -35,26 +30,17 @@ static uint32_t hits_scalar(const struct bloom_part *q, int64_t base, int64_t n)
 }
 
 #ifdef HAVE_AVX2_PATH
-/* Entries base .. base + 31, eight at a time: mix32 in 32-bit lanes, then reduce32's high half of
- * h * n_words from two 32x32->64 multiplies (even lanes, then odd), then the two gathers. */
-__attribute__((target("avx2"))) static uint32_t hits32_avx2(const struct bloom_part *q, int64_t base)
+/* Entries base .. base + 31, eight at a time: the hashes in lanes, then the two gathers. */
+AVX2 static uint32_t hits32_avx2(const struct bloom_part *q, int64_t base)
 {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), seed = _mm256_set1_epi32((int)q->seed);
-    const __m256i c1 = _mm256_set1_epi32(0x7FEB352D), c2 = _mm256_set1_epi32(0x2C1B3C6D);
     const __m256i mask_bits = _mm256_set1_epi32((int)q->mask_bits), n_words = _mm256_set1_epi32((int)q->n_words);
     uint32_t found = 0;
     for (int b = 0; b < 32; b += 8) {
-        __m256i h = _mm256_xor_si256(_mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)(base + b)), lanes), seed);
-        h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-        h = _mm256_mullo_epi32(h, c1);
-        h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
-        h = _mm256_mullo_epi32(h, c2);
-        h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-        const __m256i even = _mm256_srli_epi64(_mm256_mul_epu32(h, n_words), 32);
-        const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(h, 32), n_words);
-        const __m256i at = _mm256_blend_epi32(even, odd, 0xAA);
+        const __m256i entry = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)(base + b)), lanes);
+        const __m256i h = mix8(_mm256_xor_si256(entry, seed));
         const __m256i mask = _mm256_i32gather_epi32((const int *)q->masks, _mm256_and_si256(h, mask_bits), 4);
-        const __m256i word = _mm256_i32gather_epi32((const int *)q->words, at, 4);
+        const __m256i word = _mm256_i32gather_epi32((const int *)q->words, reduce8(h, n_words), 4);
         const __m256i hit = _mm256_cmpeq_epi32(_mm256_and_si256(word, mask), mask);
         found |= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(hit)) << b;
     }
@@ -83,7 +69,7 @@ void bloom_hits(int64_t n_items, const uint32_t *words, int64_t n_words, uint32_
     int avx2 = 0;
 #ifdef HAVE_AVX2_PATH
     /* the gathers take signed 32-bit indices */
-    avx2 = __builtin_cpu_supports("avx2") && n_words < (1LL << 31) && mask_bits < (1u << 31);
+    avx2 = avx2_available() && n_words < (1LL << 31) && mask_bits < (1u << 31);
 #endif
     const int64_t half = threads > 1 && n_items >= (1 << 16) ? n_items / 2 / 32 * 32 : n_items;
     struct bloom_part a = {0, half, words, masks, n_words, seed, mask_bits, hits, avx2};

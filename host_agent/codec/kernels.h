@@ -18,6 +18,18 @@
 #define VECTOR_CLONES
 #endif
 
+/* Hand-vectorized AVX2 paths (hashes, Bloom gathers), taken where the CPU has AVX2; the scalar loops
+ * beside them compute the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+#define AVX2 __attribute__((target("avx2")))
+static inline int avx2_available(void)
+{
+    return __builtin_cpu_supports("avx2");
+}
+#endif
+
 /* hashing.py's mix32 in uint32 arithmetic. */
 static inline uint32_t mix32(uint32_t h)
 {
@@ -34,6 +46,30 @@ static inline int64_t reduce32(uint32_t h, int64_t size)
 {
     return (int64_t)(((uint64_t)h * (uint64_t)size) >> 32);
 }
+
+#ifdef HAVE_AVX2_PATH
+/* mix32 and reduce32 on eight 32-bit lanes (size < 2^32): reduce8 takes the high halves of h * size from
+ * two 32x32->64 multiplies, of the even lanes and of the odd ones. */
+AVX2 static inline __m256i mix8(__m256i h)
+{
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x7FEB352D));
+    h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 15));
+    h = _mm256_mullo_epi32(h, _mm256_set1_epi32(0x2C1B3C6D));
+    return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+AVX2 static inline __m256i reduce8(__m256i h, __m256i size)
+{
+    return _mm256_blend_epi32(_mm256_srli_epi64(_mm256_mul_epu32(h, size), 32),
+                              _mm256_mul_epu32(_mm256_srli_epi64(h, 32), size), 0xAA);
+}
+
+AVX2 static inline __m256i hash8(__m256i x, __m256i seed, __m256i size)
+{
+    return reduce8(mix8(_mm256_xor_si256(x, seed)), size);
+}
+#endif
 
 /* sketch.py's layout: `segments` = starts + arity - 1 segments of `seg` cells; an item hashes to a start
  * segment s < starts (always 0 when starts == 1, the plain 3-table layout) and to one cell in each of the
@@ -74,9 +110,9 @@ static inline void copy_lanes(void *dst, const void *src, int64_t block)
     }
 }
 
-/* Items hashed HASH_CHUNK at a time, in loops the compiler vectorizes: hash_cells writes the cells of
- * items[0..n) (n <= HASH_CHUNK, all of start segment `start`) as at[t * HASH_CHUNK + i]; hash_starts the
- * start segment of each of n items. Built for AVX2 and for any x86-64, picked when the library loads. */
+/* Items hashed many at a time (hash_kernels.c, eight lanes with AVX2 where the CPU has it): hash_cells
+ * writes the cells of items[0..n) (n <= HASH_CHUNK, all of start segment `start`) as
+ * at[t * HASH_CHUNK + i]; hash_starts the start segment of each of n items. */
 #define HASH_CHUNK 64
 void hash_cells(const struct geometry *g, const uint32_t *items, int n, int64_t start, uint32_t *at);
 /* hash_group: the cells of HASH_GROUP items of any start segments (each start hashed too), as

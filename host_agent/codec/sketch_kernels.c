@@ -1,66 +1,12 @@
 /*
- * Sketch encoding in order of start segment (in cache, see sort_kernels.c), the vectorized hashes it and
- * peeling share, and the two-thread helper (see kernels.h).
+ * Sketch encoding in order of start segment (in cache, see sort_kernels.c), and the two-thread helper
+ * (see kernels.h).
  */
 #include "kernels.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* mix32 and reduce32 again, on 32-bit lanes only, so that each loop below vectorizes. */
-static inline uint32_t cell_hash(uint32_t item, uint32_t seed, uint32_t size)
-{
-    uint32_t h = item ^ seed;
-    h ^= h >> 16;
-    h *= 0x7FEB352Du;
-    h ^= h >> 15;
-    h *= 0x2C1B3C6Du;
-    h ^= h >> 16;
-    return (uint32_t)(((uint64_t)h * size) >> 32);
-}
-
-VECTOR_CLONES
-void hash_cells(const struct geometry *g, const uint32_t *items, int n, int64_t start, uint32_t *at)
-{
-    const uint32_t seg = (uint32_t)g->seg;
-    for (int t = 0; t < g->arity; t++) {
-        const uint32_t seed = g->seeds[t], base = (uint32_t)((start + t) * g->seg);
-        uint32_t *out = at + t * HASH_CHUNK;
-        for (int i = 0; i < n; i++) {
-            out[i] = base + cell_hash(items[i], seed, seg);
-        }
-    }
-}
-
-VECTOR_CLONES
-void hash_group(const struct geometry *g, const uint32_t *items, uint32_t *at)
-{
-    const uint32_t seg = (uint32_t)g->seg, starts = (uint32_t)g->starts, start_seed = g->start_seed;
-    uint32_t base[HASH_GROUP];
-    for (int i = 0; i < HASH_GROUP; i++) {
-        base[i] = starts > 1 ? cell_hash(items[i], start_seed, starts) * seg : 0;
-    }
-    for (int t = 0; t < g->arity; t++) {
-        const uint32_t seed = g->seeds[t], offset = (uint32_t)t * seg;
-        for (int i = 0; i < HASH_GROUP; i++) {
-            at[t * HASH_GROUP + i] = base[i] + offset + cell_hash(items[i], seed, seg);
-        }
-    }
-}
-
-VECTOR_CLONES
-void hash_starts(const struct geometry *g, const int64_t *items, int64_t n, uint32_t *start)
-{
-    if (g->starts <= 1) {
-        memset(start, 0, (size_t)n * sizeof(uint32_t));
-        return;
-    }
-    const uint32_t seed = g->start_seed, starts = (uint32_t)g->starts;
-    for (int64_t i = 0; i < n; i++) {
-        start[i] = cell_hash((uint32_t)items[i], seed, starts);
-    }
-}
 
 /* Add the candidates of starts [start_lo, start_hi) to the sketch. */
 struct encode_part {
