@@ -204,12 +204,13 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
     outs = [torch.empty_like(x) for x in xs]
     dst = torch.empty_like(xs[0])
     dst.copy_(xs[0])  # fault its pages in now: memcpy_s times a copy, not the first touch of memory
-    encode, decode, memcpy, result = [], [], [], None
+    encode, decode, memcpy, stages, result = [], [], [], [], None
     for _ in range(args.repeats):
         memcpy.append(_memcpy_s(xs[0], dst))
         result = aggregate_local(xs, mode=mode, block=block, state=state, outs=outs, **options)
         encode.append(result.stats["encode_s"])
         decode.append(result.stats["decode_s"])
+        stages.append(result.stats["stage_s"])
         memcpy.append(_memcpy_s(xs[0], dst))
     assert result is not None
     stats = result.stats
@@ -231,6 +232,8 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
         "memcpy_s": mc,
         "encode_memcpy": enc / mc,
         "decode_memcpy": dec / mc,
+        # the timed stages of decode (index query, peel, output, granularity choice), medians
+        "stage_s": {key: statistics.median(s.get(key, 0.0) for s in stages) for key in stages[-1]},
         "bytes_per_worker": stats["bytes_per_worker"],
         "header_bytes_per_worker": stats["header_bytes_per_worker"],
         "dense_bytes": 4 * args.length,

@@ -38,6 +38,8 @@ def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys):
         assert case.keys() >= CODEC_FIELDS
         assert case["exact"] is True
         assert case["bytes_per_worker"] > 0 and case["info_bound_bytes"] > 0
+        assert "decode.output" in case["stage_s"]
+        assert sum(case["stage_s"].values()) <= case["decode_s"] * (1 + 1e-9)  # one repeat: parts of it
     assert {c["mode"] for c in cases} == {"sketch", "union", "dense"}
     assert trials["peel_trials"] == 3
     assert trials["failures"] == 0, "peeling failed at the default margin (0 in 1000 trials measured)"

@@ -216,8 +216,22 @@ def test_timing_is_opt_in():
     xs = [sparse(r) for r in range(2)]
     plain = aggregate_local(xs)
     assert plain.stats["encode_s"] is None and plain.stats["decode_s"] is None
+    assert plain.stats["stage_s"] is None
     timed = aggregate_local(xs, timing=True)
     assert timed.stats["encode_s"] > 0 and len(timed.stats["decode_s_per_worker"]) == 2
+
+
+@pytest.mark.parametrize(("mode", "stages"), [
+    ("sketch", {"index", "peel", "output", "granularity"}),
+    ("union", {"index", "output", "granularity"}),
+    ("dense", {"output"}),
+])
+def test_timed_decode_names_its_stages_within_its_total(mode, stages):
+    timed = aggregate_local([sparse(r) for r in range(3)], mode=mode, timing=True)
+    stage_s = timed.stats["stage_s"]
+    assert set(stage_s) == {f"decode.{stage}" for stage in stages}
+    assert all(seconds > 0 for seconds in stage_s.values())
+    assert sum(stage_s.values()) <= timed.stats["decode_s"] * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("mode", ["sketch", "union", "dense"])

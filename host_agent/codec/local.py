@@ -24,7 +24,7 @@ from .state import CodecState, WorkerResult
 @dataclass
 class AggregateResult:
     total: torch.Tensor  # the sum of the inputs, in their dtype
-    stats: dict  # worker 0's stats, with encode_s / decode_s averaged over workers (and listed per worker)
+    stats: dict  # worker 0's stats, with encode_s / decode_s / stage_s averaged over workers
     state: CodecState  # pass to the next aggregate_local of the same bucket
     workers: list[WorkerResult]
 
@@ -105,6 +105,8 @@ def aggregate_local(
         stats["decode_s_per_worker"] = [r.stats["decode_s"] for r in results]
         stats["encode_s"] = sum(stats["encode_s_per_worker"]) / world
         stats["decode_s"] = sum(stats["decode_s_per_worker"]) / world
+        stats["stage_s"] = {key: sum(r.stats["stage_s"].get(key, 0.0) for r in results) / world
+                            for key in stats["stage_s"]}
     return AggregateResult(results[0].total, stats, results[0].state, results)
 
 

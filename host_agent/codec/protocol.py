@@ -270,14 +270,14 @@ class Rounds:
             if self._parse_header(words[:HEADER_WORDS]):
                 return self._nonfinite_outcome()
             words = words[HEADER_WORDS:]
-        with self.clock("decode"):
+        with self.clock("decode", "index"):
             self.cands = query_index(self.index, words)
         spec = self.index
         assert spec is not None
         k = self.cands.numel()
         self.stats.update(index=spec.kind, index_words=spec.words, bloom_k=spec.k, candidates=k)
         if self.sketch is not None and scale_holds(self.agreed, self.assumed, self.lag):
-            with self.clock("decode"):
+            with self.clock("decode", "peel"):
                 peeled = peel(self.sketch, self.cands, res["sketch"].view(self.sketch.cells, self.block))
             self.values, self.left, self.peeled = peeled.values, peeled.residue, True
             self.stats.update(peel_rounds=peeled.rounds, residue=self.left.numel())
@@ -308,11 +308,12 @@ class Rounds:
         return self._finish_sparse()
 
     def _finish_sparse(self) -> Outcome:
-        with self.clock("decode"):
+        with self.clock("decode", "output"):
             run = self.output_range.candidates(self.cands, self.block)
             rows = self._dequantize(self.values, self.values[run])
             total = self._output()
             self.output_range.fill(total, self.cands[run], rows, self.block)
+        with self.clock("decode", "granularity"):
             per_candidate = self.sketch.cells / max(1, len(self.cands)) if self.sketch else 1
             cost = LANE_BYTES * self.block * per_candidate
             group, union = choose_group(self.n_items, self.cands, self.values, cost)
@@ -366,7 +367,7 @@ class Rounds:
                 self.stats["scale_redo"] = True
                 self.assumed, self.scale = None, scale_for(self.agreed, self.world)
                 return self._dense_round([], None)
-        with self.clock("decode"):
+        with self.clock("decode", "output"):
             values = self._dequantize(res["dense"], self.output_range.words(res["dense"]))
             total = self._output().copy_(values)
         self.stats["decoded_elements"] = values.numel()

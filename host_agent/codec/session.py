@@ -301,5 +301,6 @@ class WorkerSession:
             **outcome.stats,
             "encode_s": seconds["encode"],
             "decode_s": seconds["decode"],
+            "stage_s": dict(self._clock.stages) if self._clock.enabled else None,
         }
         self._result = WorkerResult(outcome.total, stats, outcome.state)
