@@ -15,7 +15,7 @@
  * shapes and contiguity of the tensors whose addresses they pass):
  *   geometry = (arity, starts, seg, block, start_seed, (seed_0, ..)): sketch.SketchSpec's layout
  *   peel(k, geometry, items, cells, values, peeled, threads) -> how many it peeled, or None where its
- *     records cannot count the candidates (2^26 or more, or 64 in one cell; values and peeled untouched)
+ *     records cannot count the candidates (2^26 or more, or 32 in one cell; values and peeled untouched)
  *     items   const int64[k]          the candidates' item numbers (distinct, < 2^32)
  *     cells   const int32[cells][block]   the aggregated sketch (not modified)
  *     values  int32[k][block]         out: recovered sums, zero where not peeled (written whole)

@@ -147,7 +147,7 @@ void free_by_start(struct by_start *s);
 void run_pair(void (*fn)(void *), void *arg_a, void *arg_b, int threads);
 
 /* peel_sketch returns how many candidates it peeled, -1 without memory, or PEEL_TOO_MANY where its
- * records cannot count the candidates (k >= PEEL_MAX_CANDIDATES, or 64 in one cell): the caller then
+ * records cannot count the candidates (k >= PEEL_MAX_CANDIDATES, or 32 in one cell): the caller then
  * peels with torch. */
 #define PEEL_TOO_MANY (-2)
 #define PEEL_MAX_CANDIDATES (1LL << 26)
