@@ -398,7 +398,8 @@ def test_filling_a_bucket_from_unsorted_rows_is_refused():
         fill_items(torch.empty(100), torch.tensor([5, 3]), torch.ones(2, 1), 1)
     with pytest.raises(ValueError, match="not sorted, distinct and within the bucket"):
         fill_items(torch.empty(100), torch.tensor([5, 100]), torch.ones(2, 1), 1)
-    for items in ([3, 3], [-1, 2], [7, 2]):
+    # [2**62 + 5]: its row's start, 4 * item, wraps to 20 in int64, inside the bucket; refused all the same
+    for items in ([3, 3], [-1, 2], [7, 2], [0, 2**62 + 5], [2**62 + 5, 2**62 + 6]):
         with pytest.raises(ValueError, match="not sorted, distinct and within the bucket"):
             fill_items(torch.empty(100), torch.tensor(items), torch.ones(2, 4), 4)
     big = torch.arange(0, 1 << 21, 2)  # two threads, each part of a bucket of 2^22 elements

@@ -159,6 +159,7 @@ static void fill_part(void *arg)
 {
     struct fill *f = arg;
     const int64_t block = f->block;
+    const int64_t item_end = (f->hi + block - 1) / block; /* items whose rows start below hi */
     int64_t j = f->j_lo, end = f->lo; /* the next row, and where the last whole one ended */
     _Alignas(64) uint32_t chunk[CHUNK_WORDS];
     for (int64_t e = f->lo; e < f->hi;) {
@@ -177,12 +178,16 @@ static void fill_part(void *arg)
             }
         }
         while (j < f->j_hi) {
+            if (f->items[j] < 0 || f->items[j] >= item_end) {
+                f->bad = 1; /* out of range (tested before the product, which could overflow) */
+                return;
+            }
             const int64_t start = f->items[j] * block;
             if (start >= e_next) {
                 break;
             }
-            if (start < end || start >= f->hi) {
-                f->bad = 1; /* not sorted, not distinct or out of range: nothing more is written */
+            if (start < end) {
+                f->bad = 1; /* not sorted or not distinct: nothing more is written */
                 return;
             }
             const int64_t row_end = start + block < f->hi ? start + block : f->hi; /* a short last item */
@@ -215,10 +220,10 @@ int fill_items(uint32_t *out, int64_t n, const int64_t *items, const uint32_t *r
                int threads)
 {
     const int64_t half = threads > 1 && n >= (1 << 20) && k >= 2 ? k / 2 : k;
-    const int64_t cut = half < k ? items[half] * block : n;
-    if (cut < 0 || cut > n) {
-        return 0;
+    if (half < k && (items[half] < 0 || items[half] > n / block)) {
+        return 0; /* the parts' cut would lie outside the bucket */
     }
+    const int64_t cut = half < k ? items[half] * block : n;
     const int stream = n >= STREAM_MIN_WORDS;
     struct fill a = {out, 0, cut, items, rows, 0, half, block, stream, 0};
     struct fill b = {out, cut, n, items, rows, half, k, block, stream, 0};
