@@ -33,13 +33,16 @@ def _nonzero_rows(values: torch.Tensor) -> torch.Tensor:
 
 def _sample(cands: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """The nonzero items of up to _WINDOWS windows of _WINDOW consecutive candidates, in order (so a
-    group is counted once, unless it straddles two adjacent windows)."""
+    group is counted once, unless it straddles two adjacent windows); all of them where the windows hold
+    none (the union lies between them)."""
     k = cands.numel()
-    if k <= _WINDOWS * _WINDOW:
-        return cands[_nonzero_rows(values)]
-    starts = torch.linspace(0, k - _WINDOW, _WINDOWS, device=cands.device).long()
-    at = (starts.unsqueeze(1) + torch.arange(_WINDOW, device=cands.device)).view(-1)
-    return torch.masked_select(cands.gather(0, at), _nonzero_rows(values.index_select(0, at)))
+    if k > _WINDOWS * _WINDOW:
+        starts = torch.linspace(0, k - _WINDOW, _WINDOWS, device=cands.device).long()
+        at = (starts.unsqueeze(1) + torch.arange(_WINDOW, device=cands.device)).view(-1)
+        sample = torch.masked_select(cands.gather(0, at), _nonzero_rows(values.index_select(0, at)))
+        if sample.numel():
+            return sample
+    return cands[_nonzero_rows(values)]
 
 
 def choose_group(n_items: int, cands: torch.Tensor, values: torch.Tensor, bytes_per_candidate: float
@@ -56,8 +59,6 @@ def choose_group(n_items: int, cands: torch.Tensor, values: torch.Tensor, bytes_
     if union == 0:
         return 1, 0
     sample = _sample(cands, values)
-    if not sample.numel():  # the union lies between the windows: count it whole
-        sample = cands[_nonzero_rows(values)]
     best: tuple[float, int, int] | None = None
     for group in GROUPS:
         if group > n_items:
