@@ -192,7 +192,7 @@ def _memcpy_s(src: torch.Tensor, dst: torch.Tensor) -> float:
 
 def run_case(args: argparse.Namespace, mode: str, density: float, block: int) -> dict:
     from host_agent.codec import aggregate_local
-    from host_agent.codec.native import native_available
+    from host_agent.codec.native import kernel_simd, native_available
 
     options = {"timing": True} if args.margin is None else {"margin": args.margin, "timing": True}
     gen = torch.Generator().manual_seed(args.seed)
@@ -253,6 +253,7 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
         # the compiled CPU kernels (peeling, set bits); without them the torch code runs, slower
         "native_kernels": native_available() and args.device == "cpu",
         "kernels": "native" if native_available() else "torch",
+        "simd": kernel_simd(),  # the kernels' hash and Bloom loops: "avx2" or "scalar" (None: torch)
     }
 
 

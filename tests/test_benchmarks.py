@@ -38,7 +38,7 @@ def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys):
         assert case.keys() >= CODEC_FIELDS
         assert case["exact"] is True
         assert case["bytes_per_worker"] > 0 and case["info_bound_bytes"] > 0
-        assert "decode.output" in case["stage_s"]
+        assert "decode.output" in case["stage_s"] and case["simd"] in ("avx2", "scalar")
         assert sum(case["stage_s"].values()) <= case["decode_s"] * (1 + 1e-9)  # one repeat: parts of it
     assert {c["mode"] for c in cases} == {"sketch", "union", "dense"}
     assert trials["peel_trials"] == 3

@@ -29,6 +29,8 @@
  *   set_positions(positions, k, words, n_words)   words: uint32, zeroed; positions in [0, 32 n_words)
  *   popcount(words, n) -> number of set bits of uint32 words[n]
  *   set_bits(words, n, out, count, threads)   out: int64[count], the sorted positions of the set bits
+ *   simd([allowed]) -> "avx2" or "scalar"   the hashes' and the Bloom query's loops (AVX2 where allowed
+ *     and the CPU has it)
  *   bloom_hits(n_items, words, n_words, seed, masks, n_masks, hits, threads)
  *     words   const uint32[n_words]   the aggregated filter; an item's word and pattern come from one hash
  *     masks   const uint32[n_masks]   the patterns (n_masks a power of two), as index._patterns makes them
@@ -250,6 +252,21 @@ static void list_set_bits(void *arg)
     }
 }
 
+/* simd([allowed]) -> "avx2" or "scalar": which loops the hashes and the Bloom query run, after allowing or
+ * forbidding the AVX2 ones when given. */
+static PyObject *py_simd(PyObject *self, PyObject *args)
+{
+    (void)self;
+    int allowed = -1;
+    if (!PyArg_ParseTuple(args, "|p", &allowed)) {
+        return NULL;
+    }
+    if (allowed >= 0) {
+        simd_allowed = allowed;
+    }
+    return PyUnicode_FromString(avx2_available() ? "avx2" : "scalar");
+}
+
 static PyObject *py_popcount(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -331,6 +348,7 @@ static PyMethodDef methods[] = {
     {"peel", py_peel, METH_VARARGS, "Peel an aggregated sketch (peel_kernels.c)."},
     {"encode_sketch", py_encode_sketch, METH_VARARGS, "Add items' values into their sketch cells."},
     {"fill_items", py_fill_items, METH_VARARGS, "A bucket written whole from sorted rows, zeros between."},
+    {"simd", py_simd, METH_VARARGS, "Which loops the hashes and the Bloom query run: avx2 or scalar."},
     {"scan_nonzero", py_scan_nonzero, METH_VARARGS, "Positions and bits of a bucket's nonzero elements."},
     {"set_positions", py_set_positions, METH_VARARGS, "Set the bits at given positions of uint32 words."},
     {"popcount", py_popcount, METH_VARARGS, "Number of set bits of uint32 words."},

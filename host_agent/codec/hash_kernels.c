@@ -7,6 +7,8 @@
 
 #include <string.h>
 
+int simd_allowed = 1;
+
 static inline uint32_t cell_hash(uint32_t item, uint32_t seed, uint32_t size)
 {
     return (uint32_t)reduce32(mix32(item ^ seed), size);

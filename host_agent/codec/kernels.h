@@ -18,17 +18,24 @@
 #define VECTOR_CLONES
 #endif
 
-/* Hand-vectorized AVX2 paths (hashes, Bloom gathers), taken where the CPU has AVX2; the scalar loops
- * beside them compute the same bits. */
+/* Hand-vectorized AVX2 paths (hashes, Bloom gathers), taken where the CPU has AVX2 and simd_allowed
+ * (hash_kernels.c; native.py clears it under LHC_CODEC_SIMD=scalar, so that the scalar loops beside them,
+ * which compute the same bits, can run and be tested on any CPU). */
+extern int simd_allowed;
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
 #define AVX2 __attribute__((target("avx2")))
+#endif
+
 static inline int avx2_available(void)
 {
-    return __builtin_cpu_supports("avx2");
-}
+#ifdef HAVE_AVX2_PATH
+    return simd_allowed && __builtin_cpu_supports("avx2");
+#else
+    return 0;
 #endif
+}
 
 /* hashing.py's mix32 in uint32 arithmetic. */
 static inline uint32_t mix32(uint32_t h)

@@ -9,6 +9,10 @@ process may run on, at most two.
 
 ``LHC_CODEC_KERNELS=torch`` runs the torch code even where the kernels are built: what an install without
 a compiler runs, to compare the two (``lhc-bench codec --kernels native,torch``).
+
+The kernels' hashes and Bloom query run eight lanes at a time with AVX2 where the CPU has it, scalar loops
+otherwise (the same bits). ``LHC_CODEC_SIMD=scalar`` runs the scalar loops on any CPU; :func:`kernel_simd`
+says which run.
 """
 
 from __future__ import annotations
@@ -21,17 +25,30 @@ _choice = os.environ.get(KERNELS_VARIABLE, "native")
 if _choice not in ("native", "torch"):
     raise ValueError(f"{KERNELS_VARIABLE} must be 'native' or 'torch', not {_choice!r}")
 
+SIMD_VARIABLE = "LHC_CODEC_SIMD"
+_simd = os.environ.get(SIMD_VARIABLE, "auto")
+if _simd not in ("auto", "scalar"):
+    raise ValueError(f"{SIMD_VARIABLE} must be 'auto' or 'scalar', not {_simd!r}")
+
 native: ModuleType | None = None
 if _choice == "native":
     try:
         from . import _native as native
     except ImportError:  # built without a C compiler
         native = None
+if native is not None:
+    native.simd(_simd == "auto")
 
 
 def native_available() -> bool:
     """Whether setup.py built the kernels."""
     return native is not None
+
+
+def kernel_simd() -> str | None:
+    """Which loops the kernels' hashes and Bloom query run, ``"avx2"`` or ``"scalar"``; None without the
+    kernels (the torch code runs)."""
+    return None if native is None else native.simd()
 
 
 def require_native() -> ModuleType:
