@@ -270,6 +270,7 @@ class Agent:
             "encode_s": codec_stats.get("encode_s") or 0.0,
             "network_s": network_s,
             "decode_s": codec_stats.get("decode_s") or 0.0,
+            "codec_kernels": codec_stats["kernels"],  # native/avx2, native/scalar or torch
             "encoded_ahead": call.prepared_ahead,
             "nonfinite_ranks": codec_stats.get("nonfinite_ranks", []),  # the total is all NaN if any
             "codec": codec_stats,

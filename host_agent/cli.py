@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"rank {agent.rank} call {call}: {stats['mode']}, {stats['bytes_sent'] / 1e6:.3f} MB, "
                       f"{stats['packets']} packets, {stats['retransmissions']} retransmissions, encode "
                       f"{stats['encode_s'] * 1e3:.1f} ms, network {stats['network_s'] * 1e3:.1f} ms, decode "
-                      f"{stats['decode_s'] * 1e3:.1f} ms ({stats['mode_reason']})", flush=True)
+                      f"{stats['decode_s'] * 1e3:.1f} ms, codec {stats['codec_kernels']} "
+                      f"({stats['mode_reason']})", flush=True)
     except AggregationError as error:
         print(f"lhc-agent: {error} (ranks {list(error.ranks)})", file=sys.stderr)
         return 1

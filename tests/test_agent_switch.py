@@ -18,6 +18,7 @@ import torch
 
 from controller.processes import ControllerProcess, SoftswitchProcess
 from host_agent.agent import Agent
+from host_agent.codec.native import kernels_in_use
 from host_agent.errors import AggregationError
 from host_agent.transport.channel import Impairment
 from tests.harness.agents import assert_exact, job_name, run_agents, sparse_inputs
@@ -131,6 +132,7 @@ def test_lhc_agent_cli_aggregates_and_prints_stats(stack) -> None:
         calls = [json.loads(line) for line in out.splitlines()]
         assert [c["call"] for c in calls] == [0, 1]
         assert all(c["bytes_sent"] > 0 and c["mode"] in ("sketch", "union", "dense") for c in calls)
+        assert all(c["codec_kernels"] == kernels_in_use("cpu") for c in calls)  # says what decoded
 
 
 def test_a_worker_killed_mid_bucket_is_named_by_the_others(stack) -> None:

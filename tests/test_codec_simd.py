@@ -9,8 +9,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from host_agent.codec.native import SIMD_VARIABLE, kernel_simd, native_available
+from host_agent.codec import aggregate_local
+from host_agent.codec.native import KERNELS_VARIABLE, SIMD_VARIABLE, kernel_simd, native_available
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled kernels are not built")
 
@@ -46,8 +48,8 @@ print("scalar loops agree")
 """
 
 
-def _child(code: str, simd: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, SIMD_VARIABLE: simd}
+def _child(code: str, simd: str, kernels: str = "native") -> subprocess.CompletedProcess:
+    env = {**os.environ, SIMD_VARIABLE: simd, KERNELS_VARIABLE: kernels}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -62,3 +64,24 @@ def test_which_loops_run_is_said_and_a_bad_choice_is_refused():
     assert done.stdout.strip() == kernel_simd()
     done = _child("import host_agent.codec.native", "sse9")
     assert done.returncode != 0 and "LHC_CODEC_SIMD must be 'auto' or 'scalar'" in done.stderr
+
+
+_KERNELS_OF_A_CALL = """
+import torch
+from host_agent.codec import aggregate_local
+x = torch.zeros(5000)
+x[::50] = 1.0
+print(aggregate_local([x, x], mode="sketch").stats["kernels"])
+"""
+
+
+@pytest.mark.parametrize(("simd", "kernels", "says"), [
+    ("scalar", "native", "native/scalar"),
+    ("auto", "torch", "torch"),  # what an install without a compiler runs
+])
+def test_every_call_says_what_ran_its_codec(simd, kernels, says):
+    x = torch.zeros(5000)
+    x[::50] = 1.0
+    assert aggregate_local([x, x], mode="sketch").stats["kernels"] == f"native/{kernel_simd()}"
+    done = _child(_KERNELS_OF_A_CALL, simd, kernels)
+    assert done.stdout.strip() == says, done.stderr

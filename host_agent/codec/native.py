@@ -51,6 +51,15 @@ def kernel_simd() -> str | None:
     return None if native is None else native.simd()
 
 
+def kernels_in_use(device_type: str = "cpu") -> str:
+    """What runs the codec's loops for tensors on ``device_type``: ``"native/avx2"``, ``"native/scalar"``
+    (the compiled kernels, and their loops), or ``"torch"`` (no kernels built, ``LHC_CODEC_KERNELS=torch``,
+    or a GPU tensor)."""
+    if native is None or device_type != "cpu":
+        return "torch"
+    return f"native/{native.simd()}"
+
+
 def require_native() -> ModuleType:
     """The kernels, for callers that asked for them by name; a RuntimeError that says how to build them."""
     if native is None:

@@ -71,6 +71,7 @@ from lhc_ina.constants import FRAME_BYTES, LANES, MAX_WORKERS, PAYLOAD_BYTES
 
 from .agreement import parameter_digest
 from .items import check_support_indices
+from .native import kernels_in_use
 from .options import DEFAULT_HEADROOM, Options, is_int
 from .output import OutputRange
 from .phase_clock import PhaseClock
@@ -302,5 +303,6 @@ class WorkerSession:
             "encode_s": seconds["encode"],
             "decode_s": seconds["decode"],
             "stage_s": dict(self._clock.stages) if self._clock.enabled else None,
+            "kernels": kernels_in_use(self.x.device.type),
         }
         self._result = WorkerResult(outcome.total, stats, outcome.state)
