@@ -7,17 +7,16 @@
  * IPv4 UDP socket that the caller owns, and release the GIL while the kernel works, so the caller's other
  * threads (the codec, the P4Runtime server) keep running.
  *
- * send_batch(fd, datagrams, host, port) -> (sent, failed)
- *     Sends every datagram (any buffer) to host:port, in order. A datagram the kernel refuses (a full
- *     socket buffer, "port unreachable", an address it may not send to) is counted in `failed` and
- *     skipped, as one sendto would have lost it; only an unusable socket (EBADF, ENOTSOCK, EFAULT)
- *     raises OSError.
- * send_each(fd, datagrams, destinations) -> (sent, failed)
- *     The same, datagram i to destinations[i]: 6 bytes, the IPv4 address then the UDP port, both in
- *     network order (as they lie in the packet's headers, so the caller need not convert them).
+ * Sender(segments_max, refusals_max, bytes_max, gso=True): one socket's sends, as udp_batch.c's runs.
+ *   .send_batch(fd, datagrams, host, port) -> (sent, failed): every datagram (any buffer) to host:port,
+ *     in order. A datagram the kernel refuses (a full socket buffer, "port unreachable", an address it
+ *     may not send to) is counted in `failed` and skipped; only an unusable socket raises OSError.
+ *   .send_each(fd, datagrams, destinations) -> (sent, failed): datagram i to destinations[i] (6 bytes, the
+ *     IPv4 address then the UDP port, in network order, as they lie in the packet's headers).
  * recv_batch(fd, buffer, slot, capacity) -> [(length, (host, port)), ...]
- *     Receives up to `capacity` waiting datagrams, datagram i into buffer[i * slot : (i + 1) * slot];
- *     a longer datagram arrives cut to `slot` bytes. An empty list when nothing is waiting.
+ *     Up to `capacity` waiting datagrams, datagram i into buffer[i * slot : (i + 1) * slot]; a longer one
+ *     arrives cut to `slot` bytes. An empty list when nothing is waiting.
+ * Planner: the run planning alone, for tests (below).
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
@@ -29,8 +28,15 @@
 #include <string.h>
 #include <sys/socket.h>
 
-/* The kernel takes at most UIO_MAXIOV (1024) messages per call; larger batches loop. */
-#define MAX_PER_CALL 1024
+#include "udp_batch.h"
+
+#define MAX_PER_CALL UDP_MAX_PER_CALL /* larger batches loop */
+
+/* A sender: udp_batch.h's GSO state and limits, kept per socket by lhc_ina/udp.py's NativeIO. */
+typedef struct {
+    PyObject_HEAD
+    UdpSender sender;
+} Sender;
 
 static int parse_destination(const char *host, int port, struct sockaddr_in *address)
 {
@@ -54,9 +60,16 @@ static void release_views(Py_buffer *views, Py_ssize_t count)
         PyBuffer_Release(&views[i]);
 }
 
-/* Send datagrams[i] to addresses[i % n_addresses] for every i, in order: (sent, failed) or NULL. */
-static PyObject *send_all(int fd, PyObject *datagrams, const struct sockaddr_in *addresses,
-                          Py_ssize_t n_addresses)
+static PyObject *raise_errno(int error)
+{
+    errno = error;
+    return PyErr_SetFromErrno(PyExc_OSError);
+}
+
+/* Send datagrams[i] to addresses[per_datagram ? i : 0], as runs per destination where GSO is on, in
+ * chunks of MAX_PER_CALL: (sent, failed), or NULL with OSError when the socket is unusable. */
+static PyObject *send_all(Sender *self, int fd, PyObject *datagrams, const struct sockaddr_in *addresses,
+                          int per_datagram)
 {
     PyObject *sequence = PySequence_Fast(datagrams, "datagrams must be a sequence of buffers");
     if (sequence == NULL)
@@ -65,10 +78,11 @@ static PyObject *send_all(int fd, PyObject *datagrams, const struct sockaddr_in 
     PyObject **items = PySequence_Fast_ITEMS(sequence);
     Py_buffer *views = PyMem_Calloc(count ? count : 1, sizeof(Py_buffer));
     struct iovec *iov = PyMem_Calloc(count ? count : 1, sizeof(struct iovec));
-    struct mmsghdr *messages = PyMem_Calloc(count ? count : 1, sizeof(struct mmsghdr));
+    UdpRuns runs;
     Py_ssize_t held = 0;
     PyObject *result = NULL;
-    if (views == NULL || iov == NULL || messages == NULL) {
+    int have_runs = udp_runs_init(&runs, MAX_PER_CALL, 0) == 0;
+    if (views == NULL || iov == NULL || !have_runs) {
         PyErr_NoMemory();
         goto done;
     }
@@ -77,49 +91,33 @@ static PyObject *send_all(int fd, PyObject *datagrams, const struct sockaddr_in 
             goto done;
         iov[held].iov_base = views[held].buf;
         iov[held].iov_len = (size_t)views[held].len;
-        messages[held].msg_hdr.msg_name = (void *)&addresses[held % n_addresses];
-        messages[held].msg_hdr.msg_namelen = sizeof(struct sockaddr_in);
-        messages[held].msg_hdr.msg_iov = &iov[held];
-        messages[held].msg_hdr.msg_iovlen = 1;
     }
-    Py_ssize_t next = 0, sent = 0, failed = 0;
+    UdpSender *s = &self->sender;
+    unsigned long long sent = s->sent, dropped = s->dropped;
     int error = 0;
     Py_BEGIN_ALLOW_THREADS
-    while (next < count) {
-        unsigned int chunk = (unsigned int)(count - next < MAX_PER_CALL ? count - next : MAX_PER_CALL);
-        int accepted = sendmmsg(fd, &messages[next], chunk, MSG_DONTWAIT);
-        if (accepted > 0) {
-            next += accepted;
-            sent += accepted;
-        } else if (accepted < 0 && errno == EINTR) {
-            continue;
-        } else if (accepted < 0 && (errno == EBADF || errno == ENOTSOCK || errno == EFAULT)) {
-            error = errno; /* the socket itself is unusable: nothing after this would leave either */
-            break;
-        } else {
-            /* this datagram is lost (a full buffer, an unreachable port or host, a forbidden address),
-               as one sendto would have lost it; the rest of the batch still leaves */
-            next++;
-            failed++;
-        }
+    for (Py_ssize_t at = 0; at < count && !error; at += MAX_PER_CALL) {
+        int32_t n = (int32_t)(count - at < MAX_PER_CALL ? count - at : MAX_PER_CALL);
+        const struct sockaddr_in *to = per_datagram ? addresses + at : addresses;
+        error = udp_runs_send(&runs, fd, udp_runs_build(&runs, iov + at, to, per_datagram, n, s), s);
     }
     Py_END_ALLOW_THREADS
     if (error != 0) {
-        errno = error;
-        PyErr_SetFromErrno(PyExc_OSError);
+        raise_errno(error);
         goto done;
     }
-    result = Py_BuildValue("(nn)", sent, failed);
+    result = Py_BuildValue("(KK)", s->sent - sent, s->dropped - dropped);
 done:
+    if (have_runs)
+        udp_runs_free(&runs);
     release_views(views, held);
     PyMem_Free(views);
     PyMem_Free(iov);
-    PyMem_Free(messages);
     Py_DECREF(sequence);
     return result;
 }
 
-static PyObject *py_send_batch(PyObject *self, PyObject *args)
+static PyObject *Sender_send_batch(Sender *self, PyObject *args)
 {
     int fd, port;
     const char *host;
@@ -129,10 +127,10 @@ static PyObject *py_send_batch(PyObject *self, PyObject *args)
     struct sockaddr_in address;
     if (parse_destination(host, port, &address) < 0)
         return NULL;
-    return send_all(fd, datagrams, &address, 1);
+    return send_all(self, fd, datagrams, &address, 0);
 }
 
-static PyObject *py_send_each(PyObject *self, PyObject *args)
+static PyObject *Sender_send_each(Sender *self, PyObject *args)
 {
     int fd;
     PyObject *datagrams, *destinations;
@@ -175,7 +173,7 @@ static PyObject *py_send_each(PyObject *self, PyObject *args)
         memcpy(&addresses[i].sin_port, (const char *)view.buf + 4, 2);
         PyBuffer_Release(&view);
     }
-    result = send_all(fd, datagrams, addresses, count);
+    result = send_all(self, fd, datagrams, addresses, 1);
 done:
     PyMem_Free(addresses);
     Py_DECREF(sequence);
@@ -235,19 +233,10 @@ static PyObject *py_recv_batch(PyObject *self, PyObject *args)
     }
     int received, error = 0;
     Py_BEGIN_ALLOW_THREADS
-    do {
-        received = recvmmsg(fd, messages, (unsigned int)capacity, MSG_DONTWAIT, NULL);
-    } while (received < 0 && errno == EINTR);
-    if (received < 0)
-        error = errno;
+    received = udp_receive(fd, messages, (unsigned int)capacity, &error);
     Py_END_ALLOW_THREADS
     if (received < 0) {
-        if (error == EAGAIN || error == EWOULDBLOCK) {
-            result = PyList_New(0);
-            goto done;
-        }
-        errno = error;
-        PyErr_SetFromErrno(PyExc_OSError);
+        raise_errno(error);
         goto done;
     }
     result = PyList_New(received);
@@ -274,20 +263,77 @@ done:
     return result;
 }
 
+static int Sender_init(Sender *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"segments_max", "refusals_max", "bytes_max", "gso", NULL};
+    UdpLimits limits;
+    int gso = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iil|p", names, &limits.segments_max, &limits.refusals_max,
+                                     &limits.bytes_max, &gso))
+        return -1;
+    if (limits.segments_max < 1 || limits.refusals_max < 1 || limits.bytes_max < 1) {
+        PyErr_SetString(PyExc_ValueError, "segments_max, refusals_max and bytes_max must be positive");
+        return -1;
+    }
+    udp_sender_init(&self->sender, &limits, gso);
+    return 0;
+}
+
+static PyObject *Sender_get_gso(Sender *self, void *unused) { return PyBool_FromLong(self->sender.gso); }
+static PyObject *Sender_get_refusals(Sender *self, void *unused) { return PyLong_FromLong(self->sender.refusals); }
+
+static PyMethodDef Sender_methods[] = {
+    {"send_batch", (PyCFunction)Sender_send_batch, METH_VARARGS,
+     "send_batch(fd, datagrams, host, port) -> (sent, failed)"},
+    {"send_each", (PyCFunction)Sender_send_each, METH_VARARGS,
+     "send_each(fd, datagrams, destinations) -> (sent, failed)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Sender_getset[] = {
+    {"gso", (getter)Sender_get_gso, NULL, "whether runs still leave as UDP GSO messages", NULL},
+    {"refusals", (getter)Sender_get_refusals, NULL, "GSO runs the kernel refused so far", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "lhc_ina._udp.Sender",
+    .tp_doc = "Sender(segments_max, refusals_max, bytes_max, gso=True): one socket's batched sends",
+    .tp_basicsize = sizeof(Sender),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Sender_init,
+    .tp_methods = Sender_methods,
+    .tp_getset = Sender_getset,
+};
+
+extern PyTypeObject PlannerType; /* udp_planner.c */
+
 static PyMethodDef methods[] = {
-    {"send_batch", py_send_batch, METH_VARARGS, "send_batch(fd, datagrams, host, port) -> (sent, failed)"},
-    {"send_each", py_send_each, METH_VARARGS, "send_each(fd, datagrams, destinations) -> (sent, failed)"},
     {"recv_batch", py_recv_batch, METH_VARARGS,
      "recv_batch(fd, buffer, slot, capacity) -> [(length, (host, port)), ...]"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_udp", "Batched UDP I/O (sendmmsg, recvmmsg) for the worker's channel and softswitch.", -1,
-    methods,
+    PyModuleDef_HEAD_INIT, "_udp",
+    "Batched UDP I/O (GSO runs, sendmmsg, recvmmsg over lhc_ina/udp_batch.c) for the worker's channel and "
+    "softswitch's Python ports; Planner exposes the run planning to tests.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__udp(void)
 {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&SenderType) < 0 || PyType_Ready(&PlannerType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&SenderType);
+    Py_INCREF(&PlannerType);
+    if (PyModule_AddObject(m, "Sender", (PyObject *)&SenderType) < 0
+        || PyModule_AddObject(m, "Planner", (PyObject *)&PlannerType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -62,6 +62,15 @@ FRAME_BYTES = ETHERNET_BYTES + IPV4_TOTAL_LENGTH
 ETHERTYPE_IPV4 = 0x0800
 IP_PROTO_UDP = 17
 
+# --- Batched UDP (lhc_ina/udp_batch.c, for every sender: worker engine, softswitch, lhc_ina.udp) -----
+#: Datagrams one UDP GSO send carries at most (the kernel's UDP_MAX_SEGMENTS since Linux 4.18).
+UDP_GSO_SEGMENTS = 64
+#: Payload bytes of one GSO send at most: one IPv4 datagram's (65535 minus the IPv4 and UDP headers).
+UDP_GSO_BYTES = 0xFFFF - IPV4_BYTES - UDP_BYTES
+#: GSO runs a socket's kernel or route may refuse before its sender sends one datagram per message for
+#: good (one odd refusal, such as a run longer than a route's MTU, must not turn GSO off).
+UDP_GSO_REFUSALS = 8
+
 
 class MsgType(IntEnum):
     """What a packet is. Only DATA is aggregated; the switch emits RESULT and RESULT_RETX."""

@@ -9,9 +9,12 @@ counted as failed and skipped, and received datagrams land one per slot of a cal
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from types import ModuleType
 from typing import Protocol
+
+from lhc_ina import constants as c
 
 _native: ModuleType | None
 try:
@@ -21,10 +24,20 @@ except ImportError:  # built without a C compiler
 
 #: A UDP payload is at most 65,507 bytes on IPv4: a slot this long never cuts a datagram.
 MAX_DATAGRAM = 65536
-#: errors that mean the socket itself is unusable; any other send error loses only its datagram
-_SOCKET_UNUSABLE = (errno.EBADF, errno.ENOTSOCK, errno.EFAULT)
+#: Send and receive errors that lose only their datagram (udp_batch.c's udp_error_is_drop); any other
+#: means the socket itself is unusable and raises.
+_DROPS = frozenset({
+    errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.ENOMEM, errno.ECONNREFUSED, errno.EHOSTUNREACH,
+    errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN, errno.EPERM, errno.EACCES, errno.EMSGSIZE,
+    errno.EADDRNOTAVAIL,
+})
 #: recvmmsg takes at most this many messages per call (the kernel's UIO_MAXIOV).
 MAX_BATCH = 1024
+
+
+def _drops(error: OSError) -> bool:
+    """Whether ``error`` lost only its datagram (as on a lossy link), not the socket."""
+    return error.errno in _DROPS
 
 Address = tuple[str, int]
 Received = list[tuple[int, Address]]
@@ -48,18 +61,36 @@ class BatchIO(Protocol):
 
 
 class NativeIO:
-    """sendmmsg and recvmmsg: one system call per batch."""
+    """sendmmsg and recvmmsg over ``udp_batch.c``: one system call per batch, datagrams to one destination
+    as UDP GSO runs where the kernel takes them (one instance per socket: it keeps the socket's GSO state)."""
 
     name = "native"
 
+    def __init__(self) -> None:
+        self._sender = _native.Sender(c.UDP_GSO_SEGMENTS, c.UDP_GSO_REFUSALS, c.UDP_GSO_BYTES)
+
+    @property
+    def gso(self) -> bool:
+        """Whether sends still go as GSO runs (off after ``UDP_GSO_REFUSALS`` refusals)."""
+        return self._sender.gso
+
     def send(self, sock: socket.socket, datagrams: list, address: Address) -> tuple[int, int]:
-        return _native.send_batch(sock.fileno(), datagrams, address[0], address[1])
+        return self._sender.send_batch(_fileno(sock), datagrams, address[0], address[1])
 
     def send_each(self, sock: socket.socket, datagrams: list, destinations: list[bytes]) -> tuple[int, int]:
-        return _native.send_each(sock.fileno(), datagrams, destinations)
+        return self._sender.send_each(_fileno(sock), datagrams, destinations)
 
     def receive(self, sock: socket.socket, buffer: bytearray, slot: int, capacity: int) -> Received:
-        return _native.recv_batch(sock.fileno(), buffer, slot, capacity)
+        return _native.recv_batch(_fileno(sock), buffer, slot, capacity)
+
+
+def _fileno(sock: socket.socket) -> int:
+    """The socket's descriptor; a closed socket raises EBADF here rather than pass -1 (or a number since
+    given to another socket) to the kernel."""
+    fd = sock.fileno()
+    if fd < 0:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF), "a closed socket")
+    return fd
 
 
 class PythonIO:
@@ -85,7 +116,7 @@ class PythonIO:
             try:
                 sock.sendto(datagram, address)
             except OSError as error:
-                if error.errno in _SOCKET_UNUSABLE:
+                if not _drops(error):
                     raise
                 failed += 1  # this datagram is lost, as in the native layer; the rest still leave
         return len(pairs) - failed, failed
@@ -96,7 +127,9 @@ class PythonIO:
         for index in range(capacity):
             try:
                 received.append(sock.recvfrom_into(view[index * slot : (index + 1) * slot]))
-            except BlockingIOError:
+            except OSError as error:
+                if not _drops(error):
+                    raise
                 break
         return received
 

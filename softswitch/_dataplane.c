@@ -18,7 +18,7 @@
  *     Every port's queue out with one sendmmsg each (call it outside the lock).
  *
  * Files: _dataplane_pipeline.c (the v1model program), _dataplane_tables.c (table lookups),
- * _dataplane_io.c (ports, bursts), _dataplane_gso.c (UDP GSO sends), this one (the type).
+ * _dataplane_io.c (ports, bursts, sends through lhc_ina/udp_batch.c), this one (the type).
  */
 #include "_dataplane.h"
 
@@ -245,7 +245,7 @@ static PyObject *engine_port_counters(Engine *e, PyObject *Py_UNUSED(ignored))
         Port *p = &e->ports[i];
         PyObject *key = PyLong_FromLong(p->number);
         PyObject *value = Py_BuildValue("{sKsKsK}", "frames_in", p->frames_in, "dropped_non_udp",
-                                        p->dropped_non_udp, "send_errors", p->send_errors);
+                                        p->dropped_non_udp, "send_errors", p->sender.dropped);
         if (key == NULL || value == NULL || PyDict_SetItem(out, key, value) < 0)
             Py_CLEAR(out);
         Py_XDECREF(key);

@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "../lhc_ina/udp_batch.h"
+
 /* Every name softswitch/native.py's layout() must provide; X-macro so parsing and storage agree. */
 #define LAYOUT_FIELDS(X)                                                                               \
     X(ethernet_bytes) X(frame_ipv4) X(frame_udp) X(frame_lhc) X(frame_payload) X(frame_end)               \
@@ -30,6 +32,7 @@
     X(stat_drop_bad_type) X(stat_drop_bad_op) X(stat_drop_unknown_job) X(stat_drop_stale_epoch)           \
     X(stat_drop_slot_range) X(stat_drop_bad_worker) X(stat_drop_stale_round)                              \
     X(lanes) X(lane_bytes) X(slot_copies) X(num_stats) X(drop_port) X(max_port) X(rx_bytes) X(burst)      \
+    X(udp_gso_segments) X(udp_gso_refusals) X(udp_gso_bytes)                                              \
     X(workers_job_shift) X(workers_worker_shift) X(workers_src_shift) X(workers_sport_shift)              \
     X(replicas_job_shift) X(lpm_width)                                                                    \
     X(set_job_len) X(job_index_at) X(slot_base_at) X(slot_count_at) X(fan_in_at) X(mcast_grp_at)          \
@@ -61,19 +64,9 @@ typedef struct {
     struct iovec *iov;
     struct sockaddr_in *destinations; /* UDP: datagram i goes to destinations[i] */
     Py_ssize_t queued;
-    int gso;           /* UDP: send runs to one destination with UDP_SEGMENT */
-    int gso_refusals; /* runs the kernel refused; GSO goes off after a few */
-    unsigned long long frames_in, dropped_non_udp, send_errors;
+    UdpSender sender; /* GSO state and the sent / dropped counts (dropped: send_errors) */
+    unsigned long long frames_in, dropped_non_udp;
 } Port;
-
-/* _dataplane_gso.c's scratch, shared by the ports (they flush one after another). */
-typedef struct {
-    struct iovec *iov;
-    struct mmsghdr *messages;
-    uint8_t *control;
-    int32_t *next, *head, *tail, *segments, *first, *table;
-    uint64_t *keys;
-} Gso;
 
 /* Where the copies a frame produces go: a Python list (inject) or the ports' send queues (burst). */
 typedef struct {
@@ -98,7 +91,7 @@ typedef struct {
     Port *ports;
     Py_ssize_t n_ports;
     int16_t *port_index; /* switch port number -> index in ports, -1 when nothing is attached */
-    Gso gso;
+    UdpRuns runs; /* lhc_ina/udp_batch.c's scratch for one port's flush, shared by the ports */
     unsigned long long errors;
 } Engine;
 
@@ -127,11 +120,6 @@ void io_free(Engine *e);
 int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template);
 Py_ssize_t burst_receive(Engine *e, Port *port, int *error);
 int flush_all(Engine *e);
-
-/* _dataplane_gso.c: a UDP port's queue out, runs per destination as UDP GSO messages. */
-int gso_setup(Engine *e);
-void gso_free(Engine *e);
-int gso_flush(Engine *e, Port *p, int *error);
 
 /* Big-endian fields of 1, 2, 4 or 6 bytes: widths come from the layout, so a generic reader. */
 static inline uint64_t get_be(const uint8_t *p, long bytes)

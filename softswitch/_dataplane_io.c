@@ -7,8 +7,9 @@
  *   as the bytes after its UDP header to its (ipv4.dst, udp.dst). Non-IPv4/UDP frames cannot leave.
  * - Raw (AF_PACKET): frames as they are; PACKET_OUTGOING frames (our own output) are skipped.
  *
- * A datagram the kernel refuses is lost and counted (as on a full link); only an unusable socket raises.
- * A UDP port's queue leaves as UDP GSO messages where the kernel takes them (_dataplane_gso.c).
+ * Sends and receives go through lhc_ina/udp_batch.c, the one batched-UDP layer: a UDP port's queue leaves
+ * as UDP GSO runs per destination where the kernel takes them; a datagram the kernel refuses is lost and
+ * counted (as on a full link); only an unusable socket raises.
  */
 #define _GNU_SOURCE
 #include "_dataplane.h"
@@ -20,8 +21,8 @@
 
 /* Copies wait in one arena until the flush; twice the largest frame, so one always fits after a flush. */
 #define ARENA_FRAMES 2
-/* sendmmsg takes at most UIO_MAXIOV (1024) messages per call: one port's queue holds that many. */
-#define QUEUE_CAPACITY 1024
+/* One port's queue: what one sendmmsg takes. */
+#define QUEUE_CAPACITY UDP_MAX_PER_CALL
 
 int io_setup(Engine *e)
 {
@@ -40,14 +41,17 @@ int io_setup(Engine *e)
     }
     for (long i = 0; i <= L->max_port; i++)
         e->port_index[i] = -1;
-    return gso_setup(e);
+    if (udp_runs_init(&e->runs, (int32_t)QUEUE_CAPACITY, 0) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
 }
 
 void io_free(Engine *e)
 {
     for (Py_ssize_t i = 0; i < e->n_ports; i++) {
         PyMem_Free(e->ports[i].template);
-        PyMem_Free(e->ports[i].messages);
         PyMem_Free(e->ports[i].iov);
         PyMem_Free(e->ports[i].destinations);
     }
@@ -58,7 +62,7 @@ void io_free(Engine *e)
     PyMem_Free(e->rx_sources);
     PyMem_Free(e->arena);
     PyMem_Free(e->port_index);
-    gso_free(e);
+    udp_runs_free(&e->runs);
 }
 
 int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template)
@@ -79,13 +83,14 @@ int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template
     p->number = number;
     p->fd = fd;
     p->kind = kind;
-    p->gso = kind == PORT_UDP;
-    p->messages = PyMem_Calloc((size_t)e->queue_capacity, sizeof(struct mmsghdr));
+    UdpLimits limits = {.segments_max = (int)L->udp_gso_segments, .refusals_max = (int)L->udp_gso_refusals,
+                        .bytes_max = L->udp_gso_bytes};
+    udp_sender_init(&p->sender, &limits, kind == PORT_UDP);
     p->iov = PyMem_Calloc((size_t)e->queue_capacity, sizeof(struct iovec));
     p->destinations = PyMem_Calloc((size_t)e->queue_capacity, sizeof(struct sockaddr_in));
     p->template = PyMem_Malloc((size_t)L->frame_lhc);
-    if (!p->messages || !p->iov || !p->destinations || !p->template) {
-        PyMem_Free(p->messages); PyMem_Free(p->iov); PyMem_Free(p->destinations); PyMem_Free(p->template);
+    if (!p->iov || !p->destinations || !p->template) {
+        PyMem_Free(p->iov); PyMem_Free(p->destinations); PyMem_Free(p->template);
         PyErr_NoMemory();
         return -1;
     }
@@ -95,27 +100,14 @@ int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template
     return 0;
 }
 
-/* Send one port's queue in order; returns -1 and the errno when the socket itself is unusable. */
-static int flush_port(Port *p, int *error)
+/* Send one port's queue: UDP as runs per destination, raw frames one message each; the errno when the
+ * socket itself is unusable, else 0 (refused datagrams are counted in the port's sender). */
+static int flush_port(Engine *e, Port *p)
 {
-    Py_ssize_t next = 0;
-    while (next < p->queued) {
-        int accepted = sendmmsg(p->fd, &p->messages[next], (unsigned int)(p->queued - next), MSG_DONTWAIT);
-        if (accepted > 0) {
-            next += accepted;
-        } else if (accepted < 0 && errno == EINTR) {
-            continue;
-        } else if (accepted < 0 && (errno == EBADF || errno == ENOTSOCK || errno == EFAULT)) {
-            *error = errno;
-            p->send_errors += (unsigned long long)(p->queued - next);
-            break;
-        } else { /* this datagram is lost (full buffer, unreachable), the rest of the batch still leaves */
-            next++;
-            p->send_errors++;
-        }
-    }
+    const struct sockaddr_in *to = p->kind == PORT_UDP ? p->destinations : NULL;
+    int32_t messages = udp_runs_build(&e->runs, p->iov, to, 1, (int32_t)p->queued, &p->sender);
     p->queued = 0;
-    return *error ? -1 : 0;
+    return udp_runs_send(&e->runs, p->fd, messages, &p->sender);
 }
 
 /* Send every port's queue (the GIL released: the kernel's work lets the P4Runtime threads run). */
@@ -124,9 +116,9 @@ int flush_all(Engine *e)
     int error = 0, first_error = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < e->n_ports; i++) {
-        error = 0;
         Port *p = &e->ports[i];
-        if (p->queued && (p->gso ? gso_flush(e, p, &error) : flush_port(p, &error)) < 0 && !first_error)
+        error = p->queued ? flush_port(e, p) : 0;
+        if (error && !first_error)
             first_error = error;
     }
     Py_END_ALLOW_THREADS
@@ -173,18 +165,12 @@ int emit_frame(Engine *e, Sink *sink, long port, const uint8_t *frame, Py_ssize_
     Py_ssize_t q = p->queued++;
     p->iov[q].iov_base = copy;
     p->iov[q].iov_len = (size_t)size;
-    struct msghdr *header = &p->messages[q].msg_hdr;
-    memset(header, 0, sizeof(*header));
-    header->msg_iov = &p->iov[q];
-    header->msg_iovlen = 1;
     if (p->kind == PORT_UDP) {
         struct sockaddr_in *to = &p->destinations[q];
         memset(to, 0, sizeof(*to));
         to->sin_family = AF_INET;
         memcpy(&to->sin_addr, frame + L->ip_dst, (size_t)L->ip_addr_bytes);
         memcpy(&to->sin_port, frame + L->udp_dport, (size_t)L->udp_port_bytes);
-        header->msg_name = to;
-        header->msg_namelen = sizeof(*to);
     }
     return 0;
 }
@@ -222,13 +208,10 @@ Py_ssize_t burst_receive(Engine *e, Port *port, int *error)
     }
     int received;
     Py_BEGIN_ALLOW_THREADS
-    do {
-        received = recvmmsg(port->fd, e->rx_messages, (unsigned int)L->burst, MSG_DONTWAIT, NULL);
-    } while (received < 0 && errno == EINTR);
-    *error = received < 0 ? errno : 0;
+    received = udp_receive(port->fd, e->rx_messages, (unsigned int)L->burst, error);
     Py_END_ALLOW_THREADS
     if (received < 0)
-        return (*error == EAGAIN || *error == EWOULDBLOCK) ? 0 : -1;
+        return -1;
     for (int i = 0; i < received; i++) {
         uint8_t *frame = e->rx + i * L->rx_bytes;
         Py_ssize_t size = e->rx_messages[i].msg_len;

@@ -93,7 +93,8 @@ def layout(pipeline: Pipeline, burst: int) -> dict[str, int]:
         "msg_result_retx": int(c.MsgType.RESULT_RETX), "op_add": int(c.Op.ADD), "op_or": int(c.Op.OR),
         **stats, "lanes": c.LANES, "lane_bytes": c.LANE_BYTES, "slot_copies": c.SLOT_COPIES,
         "num_stats": c.NUM_STATS, "drop_port": DROP_PORT, "max_port": MAX_PORT, "rx_bytes": RX_BYTES,
-        "burst": burst,
+        "burst": burst, "udp_gso_segments": c.UDP_GSO_SEGMENTS, "udp_gso_refusals": c.UDP_GSO_REFUSALS,
+        "udp_gso_bytes": c.UDP_GSO_BYTES,
         # exact keys are the match fields concatenated (tables.pack_key); ipv4_routes has one LPM field
         "workers_job_shift": job_shift, "workers_worker_shift": worker_shift, "workers_src_shift": src_shift,
         "workers_sport_shift": sport_shift,

@@ -294,3 +294,57 @@ def test_udp_port_queues_what_leaves_and_flushes_it_in_order_to_each_destination
         for peer in peers:
             peer.close()
         peer.close()
+
+
+def _colliding_sockets() -> tuple[list[socket.socket], list[WorkerEndpoint]]:
+    """Two loopback worker sockets whose (address, port) start their probe at the same slot of the native
+    data plane's destination table (lhc_ina/udp_batch.c, sized for one sendmmsg: MAX_BATCH datagrams)."""
+    from lhc_ina import _udp
+    from lhc_ina.udp import MAX_BATCH
+
+    planner = _udp.Planner(MAX_BATCH, 0, c.UDP_GSO_SEGMENTS, c.UDP_GSO_BYTES)
+    by_home: dict[int, socket.socket] = {}
+    for port in RNG.permutation(np.arange(20000, 60000)).tolist():
+        home = planner.home(socket.inet_aton("127.0.0.1") + port.to_bytes(2, "big"))
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            continue
+        if home not in by_home:
+            by_home[home] = sock
+            continue
+        socks = [by_home.pop(home), sock]
+        for other in by_home.values():
+            other.close()
+        endpoints = []
+        for rank, s in enumerate(socks):
+            s.settimeout(3)
+            endpoints.append(WorkerEndpoint(rank, "127.0.0.1", s.getsockname()[1], "02:00:00:00:00:01", 1))
+        return socks, endpoints
+    raise AssertionError("no two free ports share a home slot")
+
+
+def test_workers_whose_addresses_collide_in_the_send_table_get_every_result(switch):
+    """Issue 30's lost copies: two workers whose (address, port) share a home slot of the GSO destination
+    table; the native data plane lost rank 1's RESULT from the second round on."""
+    socks, workers = _colliding_sockets()
+    job = make_job(4, 2, workers, slot_count=8, epoch=3)
+    switch.stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(INDEX, job)))
+    for p in range(12):
+        round_trip(switch, socks, job, p)
+    for sock in socks:
+        sock.close()
+
+
+def test_a_rack_of_32_workers_aggregates_exactly(switch):
+    """MAX_WORKERS ranks, one bit each: the full bitmap is all 32 bits (no 1 << 32 overflow anywhere)."""
+    socks, workers = worker_sockets(c.MAX_WORKERS)
+    job = make_job(5, 1, workers, slot_count=16, epoch=4)
+    switch.stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(INDEX, job)))
+    for p in range(40):
+        round_trip(switch, socks, job, p)
+    assert switch.counters()[1, c.Stat.RESULT] == 40
+    for sock in socks:
+        sock.close()

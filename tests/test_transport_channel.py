@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from host_agent.transport.channel import Channel, Impairment
+from lhc_ina import constants as c
 from lhc_ina.udp import MAX_BATCH, PythonIO, ReceiveBatch, batch_io, native_udp_available
 
 LAYERS = [
@@ -190,12 +191,15 @@ def test_bad_batches_are_refused_with_a_reason() -> None:
     if native_udp_available():
         from lhc_ina import _udp
 
+        sender = _udp.Sender(c.UDP_GSO_SEGMENTS, c.UDP_GSO_REFUSALS, c.UDP_GSO_BYTES)
         with pytest.raises(ValueError, match="IPv4"):
-            _udp.send_batch(0, [b"x"], "not-an-address", 1)
+            sender.send_batch(0, [b"x"], "not-an-address", 1)
         with pytest.raises(ValueError, match="fewer than"):
             _udp.recv_batch(0, bytearray(10), 8, 2)
         with pytest.raises(TypeError):
-            _udp.send_batch(0, [object()], "127.0.0.1", 1)
+            sender.send_batch(0, [object()], "127.0.0.1", 1)
+        with pytest.raises(ValueError, match="positive"):
+            _udp.Sender(0, c.UDP_GSO_REFUSALS, c.UDP_GSO_BYTES)
 
 
 def test_without_the_extension_the_channel_falls_back_and_says_so_when_asked(monkeypatch) -> None:

@@ -8,7 +8,7 @@
  * stores. The Python stream above still owns messages, futures and epoch changes; it hands segments in
  * and gets whole segments back.
  *
- * Engine(fd, job_id, rank, epoch, slot_count, world_size, timeout_s, loss, duplicate, seed)
+ * Engine(fd, job_id, rank, epoch, slot_count, world_size, timeout_s, loss, duplicate, seed, gso, loss_burst)
  *   .set_switch(host, port)          where results must come from, and where packets go
  *   .add(ident, first, raw, result)  a segment: raw = its packets' bytes, result = writable uint32 buffer
  *   .restart(epoch)                  everything starts over at position 0 (the window and RTT stay)
@@ -42,30 +42,37 @@
 static int Engine_init(Engine *e, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"fd", "job_id", "rank", "epoch", "slot_count", "world_size", "timeout_s",
-                            "loss", "duplicate", "seed", "gso", NULL};
+                            "loss", "duplicate", "seed", "gso", "loss_burst", NULL};
     unsigned job_id, rank, epoch, slot_count, world_size;
     unsigned long long seed;
     double timeout_s;
-    e->gso = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iIIIIIdddK|p", names, &e->fd, &job_id, &rank, &epoch,
+    int gso = 1;
+    e->loss_burst = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iIIIIIdddK|pL", names, &e->fd, &job_id, &rank, &epoch,
                                      &slot_count, &world_size, &timeout_s, &e->loss, &e->duplicate, &seed,
-                                     &e->gso))
+                                     &gso, &e->loss_burst))
         return -1;
-    if (!g_configured) {
+    if (!engine_configured) {
         PyErr_SetString(PyExc_RuntimeError, "_engine.configure() was not called");
         return -1;
     }
-    if (slot_count < 1 || world_size < 1 || world_size > 32) {
-        PyErr_Format(PyExc_ValueError, "slot_count %u and world_size %u (1..32) are not valid", slot_count,
-                     world_size);
+    unsigned most = (unsigned)engine_constants.max_workers;
+    if (slot_count < 1 || world_size < 1 || world_size > most || e->loss_burst < 1) {
+        PyErr_Format(PyExc_ValueError, "slot_count %u, world_size %u (1..%u) and loss_burst %lld (>= 1) are not "
+                     "all valid", slot_count, world_size, most, e->loss_burst);
         return -1;
     }
     e->rng = seed;
-    free(e->tx_msgs), free(e->tx_iov), free(e->tx_ctrl);
-    e->tx_msgs = calloc(2 * (slot_count + 1), sizeof(*e->tx_msgs));
+    e->error = 0;
+    e->run_out = e->run_in = (LossRun){0, 0};
+    UdpLimits limits = {.segments_max = engine_constants.gso_segments,
+                        .refusals_max = engine_constants.gso_refusals, .bytes_max = engine_constants.gso_bytes};
+    udp_sender_init(&e->sender, &limits, gso);
+    free(e->tx_iov);
+    udp_runs_free(&e->runs);
+    /* every packet of the window and one more, each possibly doubled by the impairment */
     e->tx_iov = calloc(2 * (slot_count + 1), sizeof(*e->tx_iov));
-    e->tx_ctrl = calloc(2 * (slot_count + 1), sizeof(*e->tx_ctrl));
-    if (e->tx_msgs == NULL || e->tx_iov == NULL || e->tx_ctrl == NULL ||
+    if (e->tx_iov == NULL || udp_runs_init(&e->runs, (int32_t)(2 * (slot_count + 1)), 0) < 0 ||
         core_init(&e->core, job_id, rank, epoch, slot_count, world_size) < 0) {
         PyErr_NoMemory();
         return -1;
@@ -86,7 +93,8 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwargs)
 static void Engine_dealloc(Engine *e)
 {
     core_free(&e->core);
-    free(e->tx_msgs), free(e->tx_iov), free(e->tx_ctrl);
+    free(e->tx_iov);
+    udp_runs_free(&e->runs);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
@@ -125,10 +133,10 @@ static PyObject *Engine_add(Engine *e, PyObject *args)
         PyBuffer_Release(&s.raw);
         return NULL;
     }
-    s.count = s.raw.len / g.packet_bytes;
+    s.count = s.raw.len / engine_constants.packet_bytes;
     s.missing = s.count;
-    if (first != e->core.next_free || s.count * g.packet_bytes != s.raw.len ||
-        s.result.len != s.count * g.lanes * 4) {
+    if (first != e->core.next_free || s.count * engine_constants.packet_bytes != s.raw.len ||
+        s.result.len != s.count * engine_constants.lanes * 4) {
         PyErr_Format(PyExc_ValueError, "segment %lld at %lld does not continue the stream at %lld", ident,
                      first, e->core.next_free);
         PyBuffer_Release(&s.raw);
@@ -193,7 +201,7 @@ static PyObject *Engine_step(Engine *e, PyObject *args)
     if (out == NULL || completed == NULL || take_completed(&e->core, completed) == NULL)
         goto fail;
     for (int i = 0; i < e->core.n_out; i++) {
-        PyObject *packet = PyBytes_FromStringAndSize((const char *)e->core.out[i], g.packet_bytes);
+        PyObject *packet = PyBytes_FromStringAndSize((const char *)e->core.out[i], engine_constants.packet_bytes);
         if (packet == NULL || PyList_Append(out, packet) < 0) {
             Py_XDECREF(packet);
             goto fail;
@@ -203,9 +211,34 @@ static PyObject *Engine_step(Engine *e, PyObject *args)
     e->core.n_out = 0;
     return Py_BuildValue("(NN)", out, completed);
 fail:
+    e->core.n_out = 0; /* the packets are lost with the list; the next decide starts an empty one */
     Py_XDECREF(out);
     Py_XDECREF(completed);
     return NULL;
+}
+
+/* The OSError for the errno that made the engine's socket unusable (it stays unusable: every later pump
+ * raises it again). */
+static PyObject *socket_error(Engine *e)
+{
+    PyObject *args = Py_BuildValue("(iss)", e->error, strerror(e->error), "the packet engine's socket");
+    if (args != NULL) {
+        PyErr_SetObject(PyExc_OSError, args); /* OSError(errno, strerror, what): its subclass, errno set */
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+/* POLLERR: take the socket's pending error; one that concerned a datagram (ICMP unreachable) is a loss the
+ * timers recover, any other makes the socket unusable. */
+static void pending_error(Engine *e)
+{
+    int error = 0;
+    socklen_t size = sizeof(error);
+    if (getsockopt(e->fd, SOL_SOCKET, SO_ERROR, &error, &size) < 0)
+        error = errno;
+    if (error && !udp_error_is_drop(error))
+        e->error = error;
 }
 
 /*
@@ -224,6 +257,8 @@ static PyObject *Engine_pump(Engine *e, PyObject *args)
         PyErr_SetString(PyExc_RuntimeError, "pump() before set_switch()");
         return NULL;
     }
+    if (e->error)
+        return socket_error(e);
     PyObject *completed = PyList_New(0);
     if (completed == NULL)
         return NULL;
@@ -231,6 +266,10 @@ static PyObject *Engine_pump(Engine *e, PyObject *args)
     double now = monotonic_now();
     core_decide(&e->core, now, 1);
     send_out(e);
+    if (e->error) {
+        Py_DECREF(completed);
+        return socket_error(e);
+    }
     double wakeup = core_next_wakeup(&e->core), wait = max_wait;
     if (e->core.n_done)
         wait = 0;  /* a segment is done: hand it up before sleeping */
@@ -246,10 +285,20 @@ static PyObject *Engine_pump(Engine *e, PyObject *args)
         }
     }
     Py_END_ALLOW_THREADS
-    if (ready > 0 && (fds[0].revents & POLLIN)) {
+    if (ready < 0 && errno != EINTR)
+        e->error = errno;
+    else if (ready > 0 && (fds[0].revents & POLLNVAL))
+        e->error = EBADF; /* the descriptor was closed under the engine */
+    else if (ready > 0 && (fds[0].revents & POLLERR))
+        pending_error(e);
+    if (!e->error && ready > 0 && (fds[0].revents & POLLIN)) {
         drain(e);
         core_decide(&e->core, monotonic_now(), 1);
         send_out(e);
+    }
+    if (e->error) {
+        Py_DECREF(completed);
+        return socket_error(e);
     }
     if (take_completed(&e->core, completed) == NULL) {
         Py_DECREF(completed);

@@ -16,21 +16,42 @@ from lhc_ina.udp import ReceiveBatch, batch_io
 
 @dataclass(frozen=True)
 class Impairment:
-    """Probabilities of dropping or duplicating a datagram, each direction on its own."""
+    """Probabilities of dropping or duplicating a datagram, each direction on its own. ``burst`` > 1 loses
+    datagrams in runs of that many (a UDP GSO send dropped whole at an interface, a queue overflowing):
+    the loss rate stays ``loss``, the losses come together."""
 
     loss: float = 0.0
     duplicate: float = 0.0
     seed: int | None = None
+    burst: int = 1
 
     def __post_init__(self) -> None:
         for name in ("loss", "duplicate"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} probability must be in [0, 1), not {value}")
+        if self.burst < 1:
+            raise ValueError(f"a loss burst is at least one datagram, not {self.burst}")
 
     @property
     def active(self) -> bool:
         return self.loss > 0 or self.duplicate > 0
+
+
+class BurstLoss:
+    """Which datagrams of one direction are lost: every ``burst``-th datagram starts a run of ``burst``,
+    and one draw decides whether the whole run is lost. With ``burst`` 1 each datagram draws on its own.
+    ``engine_io.c``'s ``lost`` is the same on the native engine's generator."""
+
+    def __init__(self, impairment: Impairment, draw: random.Random) -> None:
+        self._loss, self._burst, self._draw = impairment.loss, impairment.burst, draw
+        self._left, self._dropping = 0, False
+
+    def lost(self) -> bool:
+        if self._left == 0:
+            self._left, self._dropping = self._burst, self._draw.random() < self._loss
+        self._left -= 1
+        return self._dropping
 
 
 @dataclass
@@ -86,13 +107,15 @@ class Channel:
         self.local = self.sock.getsockname()
         self.counters = ChannelCounters()
         self._random = random.Random(self.impairment.seed)
+        self._loss_out = BurstLoss(self.impairment, self._random)
+        self._loss_in = BurstLoss(self.impairment, self._random)
         self._resolved: tuple[tuple[str, int], tuple[str, int]] | None = None  # switch -> dotted address
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def send_many(self, datagrams: Sequence[bytes | memoryview]) -> None:
-        """Send ``datagrams`` to the switch in order (each one lost or doubled on its own, when impaired);
+        """Send ``datagrams`` to the switch in order (lost, in runs, or doubled when impaired);
         a datagram the kernel refuses (full socket buffer) is lost, as on a full link."""
         if self.impairment.active:
             datagrams = self._impair_outgoing(datagrams)
@@ -105,7 +128,7 @@ class Channel:
     def _impair_outgoing(self, datagrams: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
         kept: list[bytes | memoryview] = []
         for datagram in datagrams:
-            if self._random.random() < self.impairment.loss:
+            if self._loss_out.lost():
                 self.counters.dropped_out += 1
                 continue
             if self._random.random() < self.impairment.duplicate:
@@ -132,7 +155,7 @@ class Channel:
             return len(received)
         entries = []
         for at, (length, source) in enumerate(received):
-            if self._random.random() < self.impairment.loss:
+            if self._loss_in.lost():
                 self.counters.dropped_in += 1
                 continue
             entries.append((at, length, source))

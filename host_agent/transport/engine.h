@@ -11,19 +11,23 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-#ifndef UDP_SEGMENT
-#define UDP_SEGMENT 103 /* linux/udp.h: the GSO segment size of a sendmsg, as a cmsg */
-#endif
-#ifndef SOL_UDP
-#define SOL_UDP 17
-#endif
-#define GSO_MAX 64 /* datagrams per GSO message (UDP_MAX_SEGMENTS on older kernels) */
+#include "../../lhc_ina/udp_batch.h"
+
+/* Datagrams lost in runs (channel.py's BurstLoss): a run of `burst` starts every burst-th datagram, and
+ * one draw decides whether the whole run is lost. */
+typedef struct {
+    long long left;
+    int dropping;
+} LossRun;
 
 typedef struct {
     PyObject_HEAD
     Core core;
     int fd;
+    int error; /* the errno that made the socket unusable (pump raises it), 0 while it works */
     double loss, duplicate;
+    long long loss_burst;
+    LossRun run_out, run_in;
     uint64_t rng;
     long long io_sent, io_received, dropped_out, dropped_in, duplicated_out, duplicated_in;
     /* receive buffers for one recvmmsg */
@@ -31,19 +35,20 @@ typedef struct {
     struct mmsghdr rx_msgs[RX_BATCH];
     struct iovec rx_iov[RX_BATCH];
     struct sockaddr_in rx_from[RX_BATCH];
-    /* one sendmmsg: every packet a decision queued, twice where the impairment doubles it; with UDP GSO a
-     * message carries up to GSO_MAX of them (one kernel traversal), else one each */
-    struct mmsghdr *tx_msgs;
+    /* one sendmmsg: every packet a decision queued, twice where the impairment doubles it, as UDP GSO
+     * runs where the kernel takes them (lhc_ina/udp_batch.c) */
     struct iovec *tx_iov;
-    char (*tx_ctrl)[CMSG_SPACE(sizeof(uint16_t))];
-    int gso;
+    UdpRuns runs;
+    UdpSender sender;
 } Engine;
 
 
 double monotonic_now(void);
-/* Send what the core queued (c->out), impaired per datagram, as GSO runs where the kernel takes them. */
+/* Send what the core queued (c->out), impaired per datagram, as GSO runs where the kernel takes them; an
+ * unusable socket sets e->error. */
 void send_out(Engine *e);
-/* Take what waits in the socket, a recvmmsg batch at a time, sending new packets after each batch. */
+/* Take what waits in the socket, a recvmmsg batch at a time, sending new packets after each batch; stops
+ * with e->error set when the socket is unusable. */
 void drain(Engine *e);
 
 #endif

@@ -18,10 +18,17 @@ One ``step(now, datagrams)`` takes the results that arrived, then decides what l
    the way up (from some worker) or down; p is sent again at once, at most once per smoothed round trip
    (which also absorbs reordering on a real network, as RACK's time window does). Every worker sees the
    same gap, so a lost round costs about one round trip, not a timer.
-3. **Timers**, for what the gap cannot show (the last packets of a burst): RFC 6298 with Karn's rule and
+   **The tail** (RACK's rule, by send time): a position still unanswered though a result came back for a
+   packet *sent after it* (a retransmission, which the gap cannot order) was lost as well, once a
+   smoothed round trip has passed since that result without its own. This is what recovers a burst
+   lost whole at the tail of the window (a UDP GSO send dropped at an interface, up to 64 datagrams):
+   the timer's probe (below) is answered, and everything sent before the probe follows in one round
+   trip instead of one timer each. A peer that was only off the CPU sends its backlog as soon as it
+   runs, so its results arrive right behind the probe's and nothing is resent.
+3. **Timers**, for what neither can show (the last packets of a burst): RFC 6298 with Karn's rule and
    backoff, floored by the path's own round trip (``window.RoundTrip``). A timeout resends only the
-   oldest packet. A packet older than ``timeout_s`` stalls the stream (``stalled``): the caller fails it,
-   naming the silent workers.
+   oldest packet, the probe. A packet older than ``timeout_s`` stalls the stream (``stalled``): the
+   caller fails it, naming the silent workers.
 4. **New packets**, as far as the window and the shadow-copy rule allow (never p + S before p's result).
 
 Each loss also tells the window, which halves only when the delay says the path is congested.
@@ -119,6 +126,8 @@ class PacketEngine:
         self._next_free = self._send_next = self._low = 0
         self._highest = -1  # highest position with its result in
         self._inflight = 0
+        self._rack_sent = float("-inf")  # the latest send among the packets whose result is in ...
+        self._rack_answered = float("-inf")  # ... and when that result arrived
 
     # --- what the stream tells it ----------------------------------------------------------------------
     def add(self, ident: int, first: int, raw: bytes, result: np.ndarray) -> None:
@@ -165,6 +174,7 @@ class PacketEngine:
     def next_wakeup(self) -> float | None:
         """When a timer or a fast retransmit next falls due (None: nothing in flight)."""
         wakeup = None
+        pause = self.rtt.srtt or self.rtt.rto
         for position in range(self._low, self._send_next):
             slot = position % self.who.slot_count
             if self._received[slot]:
@@ -172,7 +182,9 @@ class PacketEngine:
             flight = self._ring[slot]
             due = flight.deadline
             if position <= self._highest - DUPLICATE_THRESHOLD:
-                due = min(due, flight.last_sent + (self.rtt.srtt or self.rtt.rto))
+                due = min(due, flight.last_sent + pause)
+            elif flight.last_sent < self._rack_sent:
+                due = min(due, max(flight.last_sent, self._rack_answered) + pause)
             wakeup = due if wakeup is None else min(wakeup, due)
         return wakeup
 
@@ -208,6 +220,8 @@ class PacketEngine:
         self._received[slot] = True
         self._inflight -= 1
         self._highest = max(self._highest, position)
+        if flight.last_sent > self._rack_sent:
+            self._rack_sent, self._rack_answered = flight.last_sent, now
         segment = self._segment_at(position)
         at = (position - segment.first) * _LANES
         segment.result[at : at + _LANES] = result_words(datagram)
@@ -241,13 +255,18 @@ class PacketEngine:
         self.window.on_loss(now, self.rtt.srtt or self.rtt.rto)
 
     def _fast_retransmit(self, now: float, out: list[bytes]) -> None:
-        """Resend every position with ``DUPLICATE_THRESHOLD`` later results in and its own missing, at most
-        once per smoothed round trip."""
+        """Resend every position with ``DUPLICATE_THRESHOLD`` later results in and its own missing, and
+        (once a smoothed round trip has passed since the latest-sent packet's result came back) every
+        position sent before that packet and still missing; each at most once per smoothed round trip."""
         pause = self.rtt.srtt or self.rtt.rto
-        for position in range(self._low, min(self._send_next, self._highest - DUPLICATE_THRESHOLD + 1)):
+        gap_end = self._highest - DUPLICATE_THRESHOLD + 1
+        end = self._send_next if now - self._rack_answered >= pause else min(self._send_next, gap_end)
+        for position in range(self._low, end):
             slot = position % self.who.slot_count
             flight = self._ring[slot]
-            if not self._received[slot] and now - flight.last_sent >= pause:
+            if self._received[slot] or now - flight.last_sent < pause:
+                continue
+            if position < gap_end or flight.last_sent < self._rack_sent:
                 self._resend(now, position, flight, out)
                 self.stats.fast_retransmissions += 1
 

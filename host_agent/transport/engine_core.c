@@ -8,9 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-Constants g;
-int g_configured = 0;
+Constants engine_constants;
+int engine_configured = 0;
 
+/* One constant by name into its field, converted as the field's type. */
 static int constant(PyObject *constants, const char *name, double *value)
 {
     PyObject *item = PyDict_GetItemString(constants, name);
@@ -22,34 +23,29 @@ static int constant(PyObject *constants, const char *name, double *value)
     return PyErr_Occurred() ? -1 : 0;
 }
 
-PyObject *core_configure(PyObject *constants)
+PyObject *core_configure(PyObject *constants)  /* engines.py: SHARED_CONSTANTS */
 {
     if (!PyDict_Check(constants))
         return PyErr_Format(PyExc_TypeError, "configure() takes a dict");
-    double v[17];
-    const char *names[17] = {"LANES", "HEADER_BYTES", "PACKET_BYTES", "DUPLICATE_THRESHOLD", "MIN_RTO_S",
-                             "MAX_RTO_S", "INITIAL_RTO_S", "INITIAL_WINDOW", "RTO_FLOOR_RTTS",
-                             "QUEUE_TARGET_S", "RESULT", "RESULT_RETX", "TYPE_SHIFT", "OFF_JOB_ID",
-                             "OFF_EPOCH", "OFF_SEQ", "OFF_BITMAP"};
-    for (int i = 0; i < 17; i++)
-        if (constant(constants, names[i], &v[i]) < 0)
-            return NULL;
-    g = (Constants){
-        .lanes = (Py_ssize_t)v[0], .header_bytes = (Py_ssize_t)v[1], .packet_bytes = (Py_ssize_t)v[2],
-        .duplicate_threshold = (int)v[3], .min_rto = v[4], .max_rto = v[5], .initial_rto = v[6],
-        .initial_window = v[7], .rto_floor_rtts = v[8], .queue_target = v[9], .result_type = (int)v[10],
-        .result_retx_type = (int)v[11], .type_shift = (int)v[12], .off_job = (int)v[13],
-        .off_epoch = (int)v[14], .off_seq = (int)v[15], .off_bitmap = (int)v[16],
-    };
-    if (g.packet_bytes != g.header_bytes + 4 * g.lanes || g.packet_bytes + 1 > RX_SLOT)
+    Constants k;
+    double value;
+#define CONSTANT_READ(type, field, name)                                                                  \
+    if (constant(constants, name, &value) < 0)                                                            \
+        return NULL;                                                                                      \
+    k.field = (type)value;
+    ENGINE_CONSTANTS(CONSTANT_READ)
+#undef CONSTANT_READ
+    if (k.packet_bytes != k.header_bytes + 4 * k.lanes || k.packet_bytes + 1 > RX_SLOT)
         return PyErr_Format(PyExc_ValueError, "configure(): inconsistent packet layout");
-    double batch, burst;  /* sized into the engine's receive buffers at compile time: they must agree */
-    if (constant(constants, "RECEIVE_BATCH", &batch) < 0 || constant(constants, "RECEIVE_BURST", &burst) < 0)
-        return NULL;
-    if ((int)batch != RX_BATCH || (int)burst != RX_BURST)
+    /* sized into the engine's receive buffers at compile time: they must agree */
+    if (k.receive_batch != RX_BATCH || k.receive_burst != RX_BURST)
         return PyErr_Format(PyExc_ValueError, "configure(): receive batch %d and burst %d, compiled %d and %d",
-                            (int)batch, (int)burst, RX_BATCH, RX_BURST);
-    g_configured = 1;
+                            k.receive_batch, k.receive_burst, RX_BATCH, RX_BURST);
+    if (k.max_workers < 1 || k.max_workers > (int)(8 * sizeof(uint32_t)))
+        return PyErr_Format(PyExc_ValueError, "configure(): MAX_WORKERS %d does not fit a 32-bit bitmap",
+                            k.max_workers);
+    engine_constants = k;
+    engine_configured = 1;
     Py_RETURN_NONE;
 }
 
@@ -69,6 +65,7 @@ static void reset_positions(Core *c)  /* PacketEngine._reset_positions */
     c->next_free = c->send_next = c->low = 0;
     c->highest = -1;
     c->inflight = 0;
+    c->rack_sent = c->rack_answered = -INFINITY;
     c->n_out = 0;
 }
 
@@ -77,9 +74,9 @@ int core_init(Core *c, unsigned job_id, unsigned rank, unsigned epoch, unsigned 
     core_free(c);
     memset(c, 0, sizeof(*c));
     c->job_id = job_id, c->rank = rank, c->epoch = epoch, c->slot_count = slot_count;
-    c->full_mask = world == 32 ? 0xFFFFFFFFu : (1u << world) - 1;
-    c->rto = g.initial_rto;
-    c->wsize = min2((double)slot_count, g.initial_window);
+    c->full_mask = (uint32_t)((UINT64_C(1) << world) - 1);
+    c->rto = engine_constants.initial_rto;
+    c->wsize = min2((double)slot_count, engine_constants.initial_window);
     c->min_rtt = INFINITY;
     c->last_decrease = -INFINITY;
     c->ring = calloc(slot_count, sizeof(Flight));
@@ -147,8 +144,8 @@ static void rtt_sample(Core *c, double rtt)  /* RoundTrip.sample */
         c->rttvar = 0.75 * c->rttvar + 0.25 * fabs(c->srtt - rtt);
         c->srtt = 0.875 * c->srtt + 0.125 * rtt;
     }
-    double floor_ = max2(g.min_rto, g.rto_floor_rtts * c->srtt);
-    c->rto = min2(g.max_rto, max2(floor_, c->srtt + 4 * c->rttvar));
+    double floor_ = max2(engine_constants.min_rto, engine_constants.rto_floor_rtts * c->srtt);
+    c->rto = min2(engine_constants.max_rto, max2(floor_, c->srtt + 4 * c->rttvar));
 }
 
 static double pause_s(const Core *c) { return c->have_srtt && c->srtt != 0.0 ? c->srtt : c->rto; }
@@ -156,7 +153,7 @@ static double pause_s(const Core *c) { return c->have_srtt && c->srtt != 0.0 ? c
 static void window_on_result(Core *c, double rtt)  /* Window.on_result */
 {
     c->min_rtt = min2(c->min_rtt, rtt);
-    if (rtt > max2(2 * c->min_rtt, c->min_rtt + g.queue_target))
+    if (rtt > max2(2 * c->min_rtt, c->min_rtt + engine_constants.queue_target))
         c->wsize = max2(1.0, c->wsize - 1.0 / c->wsize);
     else
         c->wsize = min2((double)c->slot_count, c->wsize + 1.0 / c->wsize);
@@ -164,7 +161,7 @@ static void window_on_result(Core *c, double rtt)  /* Window.on_result */
 
 static void window_on_loss(Core *c, double now, double rtt)  /* Window.on_loss */
 {
-    if (rtt > max2(2 * c->min_rtt, c->min_rtt + g.queue_target) && now - c->last_decrease >= rtt) {
+    if (rtt > max2(2 * c->min_rtt, c->min_rtt + engine_constants.queue_target) && now - c->last_decrease >= rtt) {
         c->wsize = max2(1.0, c->wsize / 2);
         c->last_decrease = now;
         c->decreases++;
@@ -194,20 +191,20 @@ static void complete(Core *c, Segment *segment)
 void core_result(Core *c, double now, const unsigned char *d, Py_ssize_t length,
                  const struct sockaddr_in *from)  /* PacketEngine._check_result */
 {
-    if (!core_from_switch(c, from) || length != g.packet_bytes) {
+    if (!core_from_switch(c, from) || length != engine_constants.packet_bytes) {
         c->foreign_packets++;
         return;
     }
-    int type = d[0] >> g.type_shift;
-    if ((type != g.result_type && type != g.result_retx_type) || be16(d + g.off_job) != c->job_id) {
+    int type = d[0] >> engine_constants.type_shift;
+    if ((type != engine_constants.result_type && type != engine_constants.result_retx_type) || be16(d + engine_constants.off_job) != c->job_id) {
         c->foreign_packets++;
         return;
     }
-    if (be16(d + g.off_epoch) != c->epoch) {
+    if (be16(d + engine_constants.off_epoch) != c->epoch) {
         c->stale_results++;
         return;
     }
-    long long position = c->low + (long long)(uint32_t)(be32(d + g.off_seq) - (uint32_t)c->low);
+    long long position = c->low + (long long)(uint32_t)(be32(d + engine_constants.off_seq) - (uint32_t)c->low);
     unsigned slot = (unsigned)(position % c->slot_count);
     if (position >= c->send_next) {
         c->stale_results++;
@@ -217,7 +214,7 @@ void core_result(Core *c, double now, const unsigned char *d, Py_ssize_t length,
         c->duplicate_results++;
         return;
     }
-    if (be32(d + g.off_bitmap) != c->full_mask) {
+    if (be32(d + engine_constants.off_bitmap) != c->full_mask) {
         c->partial_results++;
         return;
     }
@@ -232,10 +229,12 @@ void core_result(Core *c, double now, const unsigned char *d, Py_ssize_t length,
     c->inflight--;
     if (position > c->highest)
         c->highest = position;
+    if (flight->last_sent > c->rack_sent)
+        c->rack_sent = flight->last_sent, c->rack_answered = now;
     Segment *segment = segment_at(c, position);
-    uint32_t *into = (uint32_t *)segment->result.buf + (position - segment->first) * g.lanes;
-    const unsigned char *words = d + g.header_bytes;
-    for (Py_ssize_t i = 0; i < g.lanes; i++)
+    uint32_t *into = (uint32_t *)segment->result.buf + (position - segment->first) * engine_constants.lanes;
+    const unsigned char *words = d + engine_constants.header_bytes;
+    for (Py_ssize_t i = 0; i < engine_constants.lanes; i++)
         into[i] = be32(words + 4 * i);
     if (--segment->missing == 0)
         complete(c, segment);
@@ -248,7 +247,7 @@ void core_result(Core *c, double now, const unsigned char *d, Py_ssize_t length,
 static const unsigned char *packet(Core *c, long long position)  /* PacketEngine._packet */
 {
     Segment *segment = segment_at(c, position);
-    return (const unsigned char *)segment->raw.buf + (position - segment->first) * g.packet_bytes;
+    return (const unsigned char *)segment->raw.buf + (position - segment->first) * engine_constants.packet_bytes;
 }
 
 static void resend(Core *c, double now, long long position, Flight *flight)  /* PacketEngine._resend */
@@ -256,27 +255,33 @@ static void resend(Core *c, double now, long long position, Flight *flight)  /* 
     c->out[c->n_out++] = packet(c, position);
     flight->retries++;
     flight->last_sent = now;
-    flight->deadline = now + min2(g.max_rto, c->rto * ldexp(1.0, (int)flight->retries));
+    flight->deadline = now + min2(engine_constants.max_rto, c->rto * ldexp(1.0, (int)flight->retries));
     c->packets_sent++;
     window_on_loss(c, now, pause_s(c));
 }
 
-void core_decide(Core *c, double now, int recover)  /* PacketEngine.step, after the results */
+static void fast_retransmit(Core *c, double now)  /* PacketEngine._fast_retransmit */
 {
-    if (!recover)
-        goto send_new;
-    /* _fast_retransmit */
     double pause = pause_s(c);
-    long long gap_end = c->highest - g.duplicate_threshold + 1;
-    for (long long p = c->low; p < (c->send_next < gap_end ? c->send_next : gap_end); p++) {
+    long long gap_end = c->highest - engine_constants.duplicate_threshold + 1;
+    long long end = now - c->rack_answered >= pause ? c->send_next
+                    : (c->send_next < gap_end ? c->send_next : gap_end);
+    for (long long p = c->low; p < end; p++) {
         unsigned slot = (unsigned)(p % c->slot_count);
         Flight *flight = &c->ring[slot];
-        if (!c->received[slot] && now - flight->last_sent >= pause) {
+        if (c->received[slot] || now - flight->last_sent < pause)
+            continue;
+        if (p < gap_end || flight->last_sent < c->rack_sent) {
             resend(c, now, p, flight);
             c->fast_retransmissions++;
         }
     }
-    /* _timers: the oldest expired packet is resent, the others' timers re-armed */
+}
+
+/* The oldest expired packet is resent, the others' timers re-armed; 0 (and stalled set) when a packet is
+ * past timeout_s. */
+static int timers(Core *c, double now)  /* PacketEngine._timers */
+{
     int resent = 0;
     for (long long p = c->low; p < c->send_next; p++) {
         unsigned slot = (unsigned)(p % c->slot_count);
@@ -286,7 +291,7 @@ void core_decide(Core *c, double now, int recover)  /* PacketEngine.step, after 
         if (now - flight->first_sent > c->timeout_s) {
             c->stalled = 1;
             c->stall_position = p, c->stall_sends = flight->retries + 1, c->stall_age = now - flight->first_sent;
-            return;
+            return 0;
         }
         if (resent) {
             flight->deadline = now + c->rto;
@@ -296,7 +301,11 @@ void core_decide(Core *c, double now, int recover)  /* PacketEngine.step, after 
         c->timer_retransmissions++;
         resent = 1;
     }
-send_new:  /* _send_new */
+    return 1;
+}
+
+static void send_new(Core *c, double now)  /* PacketEngine._send_new */
+{
     long long limit = c->low + c->slot_count < c->next_free ? c->low + c->slot_count : c->next_free;
     long long window = c->wsize < 1.0 ? 1 : (long long)c->wsize;
     while (c->send_next < limit && c->inflight < window) {
@@ -315,6 +324,16 @@ send_new:  /* _send_new */
     }
 }
 
+void core_decide(Core *c, double now, int recover)  /* PacketEngine.step, after the results */
+{
+    if (recover) {
+        fast_retransmit(c, now);
+        if (!timers(c, now))
+            return;
+    }
+    send_new(c, now);
+}
+
 double core_next_wakeup(const Core *c)  /* PacketEngine.next_wakeup; -1 for None */
 {
     double wakeup = -1.0, pause = pause_s(c);
@@ -324,8 +343,10 @@ double core_next_wakeup(const Core *c)  /* PacketEngine.next_wakeup; -1 for None
             continue;
         const Flight *flight = &c->ring[slot];
         double due = flight->deadline;
-        if (p <= c->highest - g.duplicate_threshold)
+        if (p <= c->highest - engine_constants.duplicate_threshold)
             due = min2(due, flight->last_sent + pause);
+        else if (flight->last_sent < c->rack_sent)
+            due = min2(due, max2(flight->last_sent, c->rack_answered) + pause);
         wakeup = wakeup < 0 ? due : min2(wakeup, due);
     }
     return wakeup;

@@ -17,17 +17,30 @@
 #define RX_BURST 256
 #define RX_SLOT 2048     /* a receive slot: longer than any lhc packet, so a longer datagram is never whole */
 
-/* The constants the reference owns (lhc_ina.constants, window.py, engine.py), set by configure(). */
+/* The constants the reference owns (lhc_ina.constants, window.py, engine.py), by the name
+ * engines.SHARED_CONSTANTS gives each, set by configure(): (C type, field, name). */
+#define ENGINE_CONSTANTS(X)                                                                               \
+    X(Py_ssize_t, lanes, "LANES") X(Py_ssize_t, header_bytes, "HEADER_BYTES")                              \
+    X(Py_ssize_t, packet_bytes, "PACKET_BYTES") X(int, max_workers, "MAX_WORKERS")                          \
+    X(int, duplicate_threshold, "DUPLICATE_THRESHOLD") X(double, min_rto, "MIN_RTO_S")                      \
+    X(double, max_rto, "MAX_RTO_S") X(double, initial_rto, "INITIAL_RTO_S")                                 \
+    X(double, initial_window, "INITIAL_WINDOW") X(double, rto_floor_rtts, "RTO_FLOOR_RTTS")                 \
+    X(double, queue_target, "QUEUE_TARGET_S") X(int, result_type, "RESULT")                                 \
+    X(int, result_retx_type, "RESULT_RETX") X(int, type_shift, "TYPE_SHIFT") X(int, off_job, "OFF_JOB_ID")  \
+    X(int, off_epoch, "OFF_EPOCH") X(int, off_seq, "OFF_SEQ") X(int, off_bitmap, "OFF_BITMAP")              \
+    X(int, receive_batch, "RECEIVE_BATCH") X(int, receive_burst, "RECEIVE_BURST")                           \
+    X(int, gso_segments, "UDP_GSO_SEGMENTS") X(int, gso_refusals, "UDP_GSO_REFUSALS")                       \
+    X(long, gso_bytes, "UDP_GSO_BYTES")
+
 typedef struct {
-    Py_ssize_t lanes, header_bytes, packet_bytes;
-    int duplicate_threshold;
-    double min_rto, max_rto, initial_rto, initial_window, rto_floor_rtts, queue_target;
-    int result_type, result_retx_type, type_shift;
-    int off_job, off_epoch, off_seq, off_bitmap;
+#define CONSTANT_MEMBER(type, field, name) type field;
+    ENGINE_CONSTANTS(CONSTANT_MEMBER)
+#undef CONSTANT_MEMBER
 } Constants;
 
-extern Constants g;
-extern int g_configured;
+/* The engine's constants: one set per process, filled once by configure() before any Engine exists. */
+extern Constants engine_constants;
+extern int engine_configured;
 
 typedef struct {
     long long ident, first, count, missing;
@@ -60,6 +73,7 @@ typedef struct {
     long long decreases;
     /* positions */
     long long next_free, send_next, low, highest, inflight;
+    double rack_sent, rack_answered; /* the latest send among answered packets, and when its answer came */
     Flight *ring;
     unsigned char *received;
     Segment *segs;

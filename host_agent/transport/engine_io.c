@@ -1,13 +1,11 @@
 /*
- * The engine's socket work: the impairment's draws, sends as UDP GSO runs (or one message per datagram
- * after the kernel's first refusal), and drains a recvmmsg batch at a time. The GIL is released while
- * the kernel works.
+ * The engine's socket work: the impairment's draws, sends and receives through lhc_ina/udp_batch.c (UDP
+ * GSO runs where the kernel takes them, a recvmmsg batch at a time, one rule for socket errors: an
+ * unusable socket stops the engine, a refused datagram is a drop). The GIL is released while the kernel
+ * works.
  */
 #include "engine.h"
 
-#include <errno.h>
-#include <netinet/in.h>
-#include <string.h>
 #include <time.h>
 
 static double uniform(Engine *e)  /* splitmix64 -> [0, 1): the impairment's draws */
@@ -25,39 +23,25 @@ double monotonic_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Messages for the n datagrams of tx_iov: GSO runs of up to GSO_MAX, or one per datagram. */
-static int build_messages(Engine *e, int n)
+/* Whether the next datagram one way is lost: channel.py's BurstLoss.lost, on the same draws. */
+static int lost(Engine *e, LossRun *run)
 {
-    int per = e->gso ? GSO_MAX : 1, m = 0;
-    for (int at = 0; at < n; at += per, m++) {
-        struct msghdr *h = &e->tx_msgs[m].msg_hdr;
-        memset(&e->tx_msgs[m], 0, sizeof(e->tx_msgs[m]));
-        h->msg_iov = &e->tx_iov[at];
-        h->msg_iovlen = (size_t)(n - at < per ? n - at : per);
-        h->msg_name = &e->core.sw;
-        h->msg_namelen = sizeof(e->core.sw);
-        if (h->msg_iovlen > 1) {
-            h->msg_control = e->tx_ctrl[m];
-            h->msg_controllen = sizeof(e->tx_ctrl[m]);
-            struct cmsghdr *cmsg = CMSG_FIRSTHDR(h);
-            cmsg->cmsg_level = SOL_UDP;
-            cmsg->cmsg_type = UDP_SEGMENT;
-            cmsg->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-            uint16_t size = (uint16_t)g.packet_bytes;
-            memcpy(CMSG_DATA(cmsg), &size, sizeof(size));
-        }
+    if (run->left == 0) {
+        run->left = e->loss_burst;
+        run->dropping = uniform(e) < e->loss;
     }
-    return m;
+    run->left--;
+    return run->dropping;
 }
 
-/* Send what the core queued, each datagram lost or doubled on its own where impaired, one sendmmsg. */
-void send_out(Engine *e)
+/* Send what the core queued, each datagram lost (in runs) or doubled where impaired, as GSO runs. */
+void send_out(Engine *e)  /* channel.py: Channel.send_many */
 {
     int n = 0;
     for (int i = 0; i < e->core.n_out; i++) {
         int copies = 1;
         if (e->loss > 0 || e->duplicate > 0) {
-            if (uniform(e) < e->loss) {
+            if (lost(e, &e->run_out)) {
                 e->dropped_out++;
                 continue;
             }
@@ -68,52 +52,36 @@ void send_out(Engine *e)
         }
         for (int k = 0; k < copies; k++, n++) {
             e->tx_iov[n].iov_base = (void *)e->core.out[i];
-            e->tx_iov[n].iov_len = (size_t)g.packet_bytes;
+            e->tx_iov[n].iov_len = (size_t)engine_constants.packet_bytes;
         }
     }
     e->core.n_out = 0;
-    int m = build_messages(e, n), at = 0;
+    if (n == 0 || e->error)
+        return;
+    unsigned long long sent = e->sender.sent, dropped = e->sender.dropped;
+    int error;
     Py_BEGIN_ALLOW_THREADS
-    while (at < m) {
-        int sent = sendmmsg(e->fd, e->tx_msgs + at, (unsigned)(m - at), 0);
-        if (sent < 0 && errno == EINTR)
-            continue;
-        if (sent < 0 && e->gso && (errno == EINVAL || errno == EIO || errno == ENOPROTOOPT ||
-                                   errno == EOPNOTSUPP)) {
-            e->gso = 0;  /* this kernel or route takes no GSO: one message per datagram from now on */
-            int done = 0;
-            for (int k = 0; k < at; k++)
-                done += (int)e->tx_msgs[k].msg_hdr.msg_iovlen;
-            memmove(e->tx_iov, e->tx_iov + done, sizeof(*e->tx_iov) * (size_t)(n - done));
-            n -= done;
-            m = build_messages(e, n), at = 0;
-            continue;
-        }
-        if (sent < 0) {  /* this message is lost (a full buffer, an unreachable port), as a sendto's */
-            e->dropped_out += (long long)e->tx_msgs[at].msg_hdr.msg_iovlen;
-            at++;
-            continue;
-        }
-        for (int k = at; k < at + sent; k++)
-            e->io_sent += (long long)e->tx_msgs[k].msg_hdr.msg_iovlen;
-        at += sent;
-    }
+    error = udp_runs_send(&e->runs, e->fd, udp_runs_build(&e->runs, e->tx_iov, &e->core.sw, 0, n, &e->sender),
+                          &e->sender);
     Py_END_ALLOW_THREADS
+    e->io_sent += (long long)(e->sender.sent - sent);
+    e->dropped_out += (long long)(e->sender.dropped - dropped);
+    e->error = error;
 }
 
 /* Take what waits in the socket, a recvmmsg batch at a time (at most RX_BURST datagrams), each batch
  * followed by the decisions it allows. */
 void drain(Engine *e)
 {
-    for (int taken = 0; taken < RX_BURST;) {
-        int got;
+    for (int taken = 0; taken < RX_BURST && !e->error;) {
+        int got, error;
         for (int i = 0; i < RX_BATCH; i++)
             e->rx_msgs[i].msg_hdr.msg_namelen = sizeof(e->rx_from[i]);
         Py_BEGIN_ALLOW_THREADS
-        do
-            got = recvmmsg(e->fd, e->rx_msgs, RX_BATCH, MSG_DONTWAIT, NULL);
-        while (got < 0 && errno == EINTR);
+        got = udp_receive(e->fd, e->rx_msgs, RX_BATCH, &error);
         Py_END_ALLOW_THREADS
+        if (got < 0)
+            e->error = error;
         if (got <= 0)
             return;
         e->io_received += got;
@@ -122,7 +90,7 @@ void drain(Engine *e)
         for (int i = 0; i < got; i++) {
             int copies = 1;
             if (e->loss > 0 || e->duplicate > 0) {
-                if (uniform(e) < e->loss) {
+                if (lost(e, &e->run_in)) {
                     e->dropped_in++;
                     continue;
                 }

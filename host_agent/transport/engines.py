@@ -6,13 +6,16 @@ send again; the segments completed), ``stats``, ``rtt``, ``window``, ``stalled``
 
 The native engine does the socket work itself (recvmmsg, sendmmsg, the GIL released while it waits) and
 applies the channel's impairment per datagram, counted as the channel would, so a lossy test or benchmark
-measures the same thing on both. Its sends go as UDP GSO runs (one message carries up to 64 equal
-datagrams to the switch, one traversal of the kernel's stack) where the kernel takes them; the first
-refusal turns GSO off for good and the same datagrams leave one message each.
+measures the same thing on both. Its sends go through ``lhc_ina/udp_batch.c`` as UDP GSO runs (one message
+carries up to ``UDP_GSO_SEGMENTS`` equal datagrams to the switch, one traversal of the kernel's stack) where
+the kernel takes them, with that layer's one fallback rule and one rule for socket errors: an unusable
+socket (closed, not a socket) raises ``OSError`` from ``pump`` at once, as the Python engine's channel
+does; only a datagram the kernel refused counts as a drop.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
@@ -127,6 +130,7 @@ class NativeEngine:
             loss=impairment.loss if impairment else 0.0,
             duplicate=impairment.duplicate if impairment else 0.0,
             seed=(impairment.seed or 0) if impairment else 0, gso=gso,
+            loss_burst=impairment.burst if impairment else 1,
         )
         self._switch: tuple[str, int] | None = None
 
@@ -153,6 +157,10 @@ class NativeEngine:
         return self._engine.step(now, datagrams, recover)
 
     def pump(self, wake_fd: int, max_wait: float) -> list[tuple[int, float]]:
+        """As ``ChannelEngine.pump``; a closed channel raises ``OSError(EBADF)`` before its descriptor number
+        (which the process may since have given to another socket) is used."""
+        if self.channel is not None and self.channel.fileno() < 0:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF), "the packet engine's socket (closed)")
         self._sync_switch()
         return self._engine.pump(wake_fd, max_wait)
 
@@ -217,6 +225,8 @@ def make_engine(who: StreamIdentity, world_size: int, channel: Channel, timeout_
 #: The constants the C engine must share with the reference (checked when the module loads).
 SHARED_CONSTANTS = {
     "LANES": c.LANES, "HEADER_BYTES": c.HEADER_BYTES, "PACKET_BYTES": PACKET_BYTES,
+    "MAX_WORKERS": c.MAX_WORKERS, "UDP_GSO_SEGMENTS": c.UDP_GSO_SEGMENTS,
+    "UDP_GSO_REFUSALS": c.UDP_GSO_REFUSALS, "UDP_GSO_BYTES": c.UDP_GSO_BYTES,
     "DUPLICATE_THRESHOLD": DUPLICATE_THRESHOLD, "MIN_RTO_S": MIN_RTO_S, "MAX_RTO_S": MAX_RTO_S,
     "INITIAL_RTO_S": INITIAL_RTO_S, "INITIAL_WINDOW": INITIAL_WINDOW, "RTO_FLOOR_RTTS": RTO_FLOOR_RTTS,
     "QUEUE_TARGET_S": QUEUE_TARGET_S, "RECEIVE_BATCH": RECEIVE_BATCH, "RECEIVE_BURST": RECEIVE_BURST,
