@@ -73,7 +73,7 @@ def test_a_descriptor_closed_behind_the_native_engine_raises_instead_of_spinning
 def test_a_refused_datagram_is_a_drop_not_an_error(stream_parts, native: bool) -> None:
     """ICMP port unreachable (IP_RECVERR) comes back as an error on a later send, receive or poll: it is a
     lost datagram at most, and the engine goes on resending by its timers."""
-    sink, wake = stream_parts
+    _, wake = stream_parts
     closed = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     closed.bind(("127.0.0.1", 0))
     engine, channel = _engine(native, closed)

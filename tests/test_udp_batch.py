@@ -6,6 +6,7 @@ destinations over time than the table holds; and the socket-error rule of the se
 from __future__ import annotations
 
 import errno
+import itertools
 import socket
 import struct
 
@@ -50,7 +51,7 @@ def check_flush(plan: list[tuple[int, list[int]]], sizes: list[int], destination
     for _, indices in plan:
         runs.setdefault(destinations[indices[0]], []).append(indices)
     for chain in runs.values():
-        for before, after in zip(chain, chain[1:], strict=False):
+        for before, after in itertools.pairwise(chain):
             size = sizes[before[-1]]
             assert (sizes[after[0]] != size or size == 0 or len(before) == segments
                     or size * (len(before) + 1) > most), "a run was split with nothing to split it"
