@@ -4,8 +4,9 @@ Both run the same seeded scenario in simulated time: a fake switch answers the p
 random delay, loses some on the way up or down (one at a time, and whole runs of up to a GSO send's
 datagrams, which only the tail rule and the timers recover), doubles some, answers some with
 RESULT_RETX, a partial bitmap, another epoch or job, from a foreign address, or cut short; segments
-arrive over time and the epoch changes now and then. After every step the two must have sent the same bytes, completed the same
-segments, and agree on every counter, the round-trip estimate, the window and the next timer.
+arrive over time and the epoch changes now and then. After every step the two must have sent the same
+bytes, completed the same segments, and agree on every counter, the round-trip estimate, the window and
+the next timer.
 """
 
 from __future__ import annotations
