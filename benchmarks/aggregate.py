@@ -12,9 +12,11 @@ the mode's. ``max_error`` is the largest difference from the row's ``reference``
 says it is at most ``tolerance`` (0 for the switch's modes, which must be ``exact``).
 
 With ``--loss P`` the agents' sockets drop datagrams with probability P both ways (counted: ``dropped``)
-in a second pass of the same run; its rows carry ``time_vs_lossless`` (the mode's time over its lossless
-time) and the retransmissions by kind (``fast_retransmissions`` found from the gap in the results,
-``timer_retransmissions`` by a timer). ``--engine`` picks the agents' packet engine.
+in a second pass of the same run, each datagram on its own; with ``--loss-burst B`` as well, a third pass
+loses them in runs of B (the loss rate still P), as an interface or a queue drops a UDP GSO send whole.
+Every row says its loss model (``loss``, ``loss_burst``); the lossy rows carry ``time_vs_lossless`` (the
+mode's time over its lossless time) and the retransmissions by kind (``fast_retransmissions`` found from
+the results, ``timer_retransmissions`` by a timer). ``--engine`` picks the agents' packet engine.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="datagram loss probability at every agent's socket, both ways (default 0); the "
                              "same run measures every mode without loss too, and the lossy rows give "
                              "time_vs_lossless")
+    parser.add_argument("--loss-burst", type=_bounded(1, 1024), default=1, metavar="B",
+                        help="with --loss: also a pass that loses datagrams in runs of up to B within one "
+                             "send or receive batch (the loss rate still --loss), as an interface drops a "
+                             "UDP GSO send whole (default 1: per datagram only)")
     parser.add_argument("--engine", choices=("native", "python"),
                         help="the agents' packet engine (default: native where it is built)")
     parser.add_argument("--python-path", action="store_true",
@@ -95,14 +101,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_pass(args: argparse.Namespace, controller: str, client: Any, density: float, index: int,
               scratch: Path, loss: float, modes: list[str] | None = None, engine: str | None = None,
-              gloo: bool = True) -> list[dict]:
-    """One job of W workers through every mode at ``loss``; the Gloo row too in a lossless pass."""
-    job = f"bench-{index}-{density}-{loss}-{engine}"
+              gloo: bool = True, burst: int = 1) -> list[dict]:
+    """One job of W workers through every mode at ``loss`` (in runs of ``burst``); the Gloo row too in a
+    lossless pass."""
+    job = f"bench-{index}-{density}-{loss}-{burst}-{engine}"
     client.create_job(job, workers=args.workers)
     argv = [sys.executable, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job", job,
             "--length", str(args.length), "--density", str(density), "--workers", str(args.workers),
             "--modes", ",".join(modes or args.modes), "--repeats", str(args.repeats), "--seed", str(index),
-            "--loss", str(loss)]
+            "--loss", str(loss), "--loss-burst", str(burst)]
     if engine or args.engine:
         argv += ["--engine", engine or args.engine]
     if loss == 0 and gloo:
@@ -120,23 +127,27 @@ def _run_pass(args: argparse.Namespace, controller: str, client: Any, density: f
             client.delete_job(job)
     for proc, (_, err) in zip(procs, outputs, strict=True):
         if proc.returncode != 0:
-            raise RuntimeError(f"a worker failed at density {density}:\n{err[-3000:]}")
+            tails = "\n".join(err[-3000:] for _, err in outputs)
+            raise RuntimeError(f"a worker failed at density {density}; the workers' errors:\n{tails}")
     return [json.loads(line) for out, _ in outputs for line in out.splitlines() if line.startswith("{")]
 
 
 def _run_density(args: argparse.Namespace, controller: str, client: Any, density: float, index: int,
                  scratch: Path) -> list[dict]:
-    """The lossless pass (with Gloo), and with ``--loss`` the lossy one, summarized against it."""
+    """The lossless pass (with Gloo), and with ``--loss`` the lossy ones (per datagram, and in runs of
+    ``--loss-burst``), summarized against it."""
     lossless = _summarize(args, density, _run_pass(args, controller, client, density, index, scratch, 0.0),
                           0.0, None)
     if not args.loss:
         return lossless
     gloo = next(row for row in lossless if row["mode"] == "gloo")
-    lossy = _summarize(args, density, _run_pass(args, controller, client, density, index, scratch, args.loss),
-                       args.loss, gloo["seconds"])
     clean = {row["mode"]: row["seconds"] for row in lossless}
-    for row in lossy:
-        row["time_vs_lossless"] = row["seconds"] / clean[row["mode"]]
+    lossy = []
+    for burst in sorted({1, args.loss_burst}):
+        rows = _run_pass(args, controller, client, density, index, scratch, args.loss, burst=burst)
+        for row in _summarize(args, density, rows, args.loss, gloo["seconds"], burst=burst):
+            row["time_vs_lossless"] = row["seconds"] / clean[row["mode"]]
+            lossy.append(row)
     return lossless + lossy
 
 
@@ -174,7 +185,7 @@ def _summed(ranks: list[dict], key: str) -> int | None:
 
 
 def _summarize(args: argparse.Namespace, density: float, rows: list[dict], loss: float,
-               gloo_s: float | None, dense_s: float | None = None) -> list[dict]:
+               gloo_s: float | None, dense_s: float | None = None, burst: int = 1) -> list[dict]:
     """One row per mode; ``gloo_s`` and ``dense_s``: the baselines' times where this pass has no such
     row (a lossy pass has no Gloo, the Python path's pass only auto)."""
     by_mode: dict[str, list[dict]] = {}
@@ -201,7 +212,8 @@ def _summarize(args: argparse.Namespace, density: float, rows: list[dict], loss:
             "rtt_s": _largest(ranks, "rtt_s"), "rto_s": _largest(ranks, "rto_s"),
             "packets": _summed(ranks, "packets"), "dropped": _summed(ranks, "dropped"),
             "encode_s": _largest(ranks, "encode_s"), "network_s": _largest(ranks, "network_s"),
-            "decode_s": _largest(ranks, "decode_s"), "loss": loss, "engine": args.engine or "default",
+            "decode_s": _largest(ranks, "decode_s"), "loss": loss, "loss_burst": burst,
+            "engine": args.engine or "default",
             "reference": ranks[0]["reference"], "exact": all(r["exact"] for r in ranks),
             "max_error": worst([r["max_error"] for r in ranks]), "tolerance": ranks[0]["tolerance"],
             # NaN compares false: a NaN anywhere fails the check

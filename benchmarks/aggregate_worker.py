@@ -1,7 +1,8 @@
 """One worker process of ``lhc-bench aggregate``: join the job, aggregate its bucket in each mode, report.
 
     python -m benchmarks.aggregate_worker --controller ADDR --job NAME --length N --density D
-        --workers W --modes dense,sketch --repeats R --seed S [--loss P] [--engine E] [--gloo-init URL]
+        --workers W --modes dense,sketch --repeats R --seed S [--loss P] [--loss-burst B] [--engine E]
+        [--gloo-init URL]
 
 Every worker derives every worker's input from the seed, so each one checks its own results exactly
 against the plain sum of the quantized inputs. Each timed call starts after a one-word aggregation that
@@ -52,13 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loss", type=float, default=0.0)
+    parser.add_argument("--loss-burst", type=int, default=1, help="datagrams lost together (default 1)")
     parser.add_argument("--ip", default="127.0.0.1", help="this worker's data-plane IPv4")
     parser.add_argument("--host", default="", help="join as this topology host")
     parser.add_argument("--engine", choices=("native", "python"), help="the agents' packet engine")
     parser.add_argument("--gloo-init", help="also allreduce with Gloo, rendezvous at this init_method URL")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    impairment = Impairment(loss=args.loss, duplicate=0.0)
+    impairment = Impairment(loss=args.loss, duplicate=0.0, burst=args.loss_burst)
     with Agent.join(args.controller, args.job, impairment=impairment, timeout_s=120.0, ip=args.ip,
                     host=args.host, engine=args.engine) as agent:
         mine = bucket(agent.rank, args.length, args.density, args.seed)

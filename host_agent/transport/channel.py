@@ -39,13 +39,18 @@ class Impairment:
 
 
 class BurstLoss:
-    """Which datagrams of one direction are lost: every ``burst``-th datagram starts a run of ``burst``,
-    and one draw decides whether the whole run is lost. With ``burst`` 1 each datagram draws on its own.
-    ``engine_io.c``'s ``lost`` is the same on the native engine's generator."""
+    """Which datagrams of one direction are lost: a batch (one send, one receive) is cut into runs of
+    ``burst`` datagrams, and one draw decides whether a whole run is lost, as an interface drops a UDP GSO
+    send whole. A run never reaches into the next batch: a lone retransmission later is a run of its own.
+    With ``burst`` 1 each datagram draws on its own. ``engine_io.c``'s ``lost`` is the same on the native
+    engine's generator."""
 
     def __init__(self, impairment: Impairment, draw: random.Random) -> None:
         self._loss, self._burst, self._draw = impairment.loss, impairment.burst, draw
         self._left, self._dropping = 0, False
+
+    def new_batch(self) -> None:
+        self._left = 0
 
     def lost(self) -> bool:
         if self._left == 0:
@@ -127,6 +132,7 @@ class Channel:
 
     def _impair_outgoing(self, datagrams: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
         kept: list[bytes | memoryview] = []
+        self._loss_out.new_batch()
         for datagram in datagrams:
             if self._loss_out.lost():
                 self.counters.dropped_out += 1
@@ -154,6 +160,7 @@ class Channel:
             batch.entries = [(at, length, source) for at, (length, source) in enumerate(received)]
             return len(received)
         entries = []
+        self._loss_in.new_batch()
         for at, (length, source) in enumerate(received):
             if self._loss_in.lost():
                 self.counters.dropped_in += 1

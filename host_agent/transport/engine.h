@@ -13,8 +13,8 @@
 
 #include "../../lhc_ina/udp_batch.h"
 
-/* Datagrams lost in runs (channel.py's BurstLoss): a run of `burst` starts every burst-th datagram, and
- * one draw decides whether the whole run is lost. */
+/* Datagrams lost in runs (channel.py's BurstLoss): each send or receive batch is cut into runs of
+ * `loss_burst`, and one draw decides whether a whole run is lost. */
 typedef struct {
     long long left;
     int dropping;

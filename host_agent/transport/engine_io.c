@@ -38,6 +38,7 @@ static int lost(Engine *e, LossRun *run)
 void send_out(Engine *e)  /* channel.py: Channel.send_many */
 {
     int n = 0;
+    e->run_out.left = 0; /* a run of losses never reaches into the next send */
     for (int i = 0; i < e->core.n_out; i++) {
         int copies = 1;
         if (e->loss > 0 || e->duplicate > 0) {
@@ -86,6 +87,7 @@ void drain(Engine *e)
             return;
         e->io_received += got;
         taken += got;
+        e->run_in.left = 0; /* nor into the next receive batch */
         double now = monotonic_now();
         for (int i = 0; i < got; i++) {
             int copies = 1;
