@@ -209,6 +209,7 @@ def _summarize(args: argparse.Namespace, density: float, rows: list[dict], loss:
             "retransmissions": _summed(ranks, "retransmissions"),
             "fast_retransmissions": _summed(ranks, "fast_retransmissions"),
             "timer_retransmissions": _summed(ranks, "timer_retransmissions"),
+            "tail_probes": _summed(ranks, "tail_probes"),
             "rtt_s": _largest(ranks, "rtt_s"), "rto_s": _largest(ranks, "rto_s"),
             "packets": _summed(ranks, "packets"), "dropped": _summed(ranks, "dropped"),
             "encode_s": _largest(ranks, "encode_s"), "network_s": _largest(ranks, "network_s"),

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 "retransmissions": counted["retransmissions"],
                 "fast_retransmissions": counted["fast_retransmissions"],
                 "timer_retransmissions": counted["timer_retransmissions"],
+                "tail_probes": counted["tail_probes"],
                 "rtt_s": agent.backend.stream.rtt.srtt, "rto_s": agent.backend.stream.rtt.rto,
                 "dropped": counted["dropped_out"] + counted["dropped_in"],
                 "encode_s": stats["encode_s"], "network_s": stats["network_s"], "decode_s": stats["decode_s"],

@@ -267,6 +267,7 @@ class Agent:
             "retransmissions": counters.get("retransmissions", 0),
             "fast_retransmissions": counters.get("fast_retransmissions", 0),
             "timer_retransmissions": counters.get("timer_retransmissions", 0),
+            "tail_probes": counters.get("tail_probes", 0),
             "encode_s": codec_stats.get("encode_s") or 0.0,
             "network_s": network_s,
             "decode_s": codec_stats.get("decode_s") or 0.0,

@@ -29,7 +29,7 @@ from host_agent.agent import Agent
 
 #: Per-step stats summed over a step's buckets.
 _SUMMED = ("bytes_sent", "packets", "retransmissions", "fast_retransmissions", "timer_retransmissions",
-           "encode_s", "network_s", "decode_s", "elements")
+           "tail_probes", "encode_s", "network_s", "decode_s", "elements")
 
 
 class LhcHookState:

@@ -94,7 +94,7 @@ def train(args: argparse.Namespace) -> dict:
     optimizer = make_optimizer(model.module, config)
     initial_auc = _held_out_auc(model.module, held_out)
     losses, step_s, wire_bytes, aggregate_s, auc = [], [], [], [], []
-    retransmitted = {"fast": 0, "timer": 0}
+    retransmitted = {"fast": 0, "timer": 0, "probe": 0}
     for step in range(args.steps):
         users, items, clicked = data.batch(args.rank, step)
         started = time.perf_counter()
@@ -113,6 +113,7 @@ def train(args: argparse.Namespace) -> dict:
             aggregate_s.append(step_stats["network_s"])
             retransmitted["fast"] += int(step_stats["fast_retransmissions"])
             retransmitted["timer"] += int(step_stats["timer_retransmissions"])
+            retransmitted["probe"] += int(step_stats["tail_probes"])
     every_rank: list[list[float]] = [[] for _ in range(args.world)]
     dist.all_gather_object(every_rank, losses)
     if state is not None:

@@ -319,9 +319,10 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused)
 {
     Core *c = &e->core;
     return Py_BuildValue(
-        "{sLsLsLsLsLsLsLsLsL}", "packets_sent", c->packets_sent, "retransmissions",
-        c->fast_retransmissions + c->timer_retransmissions, "fast_retransmissions", c->fast_retransmissions,
-        "timer_retransmissions", c->timer_retransmissions, "results", c->results, "duplicate_results",
+        "{sLsLsLsLsLsLsLsLsLsL}", "packets_sent", c->packets_sent, "retransmissions",
+        c->fast_retransmissions + c->timer_retransmissions + c->tail_probes, "fast_retransmissions",
+        c->fast_retransmissions, "timer_retransmissions", c->timer_retransmissions, "tail_probes", c->tail_probes,
+        "results", c->results, "duplicate_results",
         c->duplicate_results, "stale_results", c->stale_results, "partial_results", c->partial_results,
         "foreign_packets", c->foreign_packets);
 }

@@ -27,9 +27,15 @@ One ``step(now, datagrams)`` takes the results that arrived, then decides what l
    runs, so its results arrive right behind the probe's and nothing is resent.
 3. **Timers**, for what neither can show (the last packets of a burst): RFC 6298 with Karn's rule and
    backoff, floored by the path's own round trip (``window.RoundTrip``). A timeout resends only the
-   oldest packet, the probe. A packet older than ``timeout_s`` stalls the stream (``stalled``): the
-   caller fails it, naming the silent workers.
-4. **New packets**, as far as the window and the shadow-copy rule allow (never p + S before p's result).
+   oldest packet. A packet older than ``timeout_s`` stalls the stream (``stalled``): the caller fails it,
+   naming the silent workers.
+4. **The tail probe** (RACK-TLP's TLP): after ``PTO_RTTS`` smoothed round trips without progress (no new
+   result, no new packet) while packets are in flight, the *newest* unanswered packet goes again, once,
+   then once more after twice that. Its result shows every earlier loss by the gap at once, so a burst
+   lost at the tail costs about two round trips instead of a timer. When a peer is only late, the switch
+   drops the probe as a duplicate: one packet per quiet spell, no storm. Probes are counted apart
+   (``tail_probes``); they leave the window alone (no loss was seen).
+5. **New packets**, as far as the window and the shadow-copy rule allow (never p + S before p's result).
 
 Each loss also tells the window, which halves only when the delay says the path is congested.
 """
@@ -41,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from host_agent.transport.packets import PACKET_BYTES, StreamIdentity, parse_result, result_words
-from host_agent.transport.window import RoundTrip, Window
+from host_agent.transport.window import MAX_PROBES, RoundTrip, Window
 from lhc_ina import constants as c
 
 #: Results for this many later positions, and still none for p: p is lost.
@@ -54,9 +60,10 @@ class EngineStats:
     """What the engine counted: sends, both kinds of retransmission, and results by fate."""
 
     packets_sent: int = 0
-    retransmissions: int = 0  # fast + timer
+    retransmissions: int = 0  # fast + timer + tail probes
     fast_retransmissions: int = 0
     timer_retransmissions: int = 0
+    tail_probes: int = 0
     results: int = 0
     duplicate_results: int = 0
     stale_results: int = 0
@@ -128,6 +135,8 @@ class PacketEngine:
         self._inflight = 0
         self._rack_sent = float("-inf")  # the latest send among the packets whose result is in ...
         self._rack_answered = float("-inf")  # ... and when that result arrived
+        self._progress_at = float("-inf")  # the last new result or new packet
+        self._probes = 0  # tail probes since then
 
     # --- what the stream tells it ----------------------------------------------------------------------
     def add(self, ident: int, first: int, raw: bytes, result: np.ndarray) -> None:
@@ -166,8 +175,11 @@ class PacketEngine:
         out: list[bytes] = []
         if recover:
             self._fast_retransmit(now, out)
+            sent = len(out)
             if not self._timers(now, out):
                 return out, completed
+            if len(out) == sent:
+                self._tail_probe(now, out)
         self._send_new(now, out)
         return out, completed
 
@@ -186,6 +198,8 @@ class PacketEngine:
             elif flight.last_sent < self._rack_sent:
                 due = min(due, max(flight.last_sent, self._rack_answered) + pause)
             wakeup = due if wakeup is None else min(wakeup, due)
+        if wakeup is not None and self._probes < MAX_PROBES:
+            wakeup = min(wakeup, self._progress_at + self.rtt.probe_timeout(self._probes))
         return wakeup
 
     # --- results -------------------------------------------------------------------------------------
@@ -220,6 +234,7 @@ class PacketEngine:
         self._received[slot] = True
         self._inflight -= 1
         self._highest = max(self._highest, position)
+        self._progress_at, self._probes = now, 0
         if flight.last_sent > self._rack_sent:
             self._rack_sent, self._rack_answered = flight.last_sent, now
         segment = self._segment_at(position)
@@ -293,6 +308,23 @@ class PacketEngine:
             resent = True
         return True
 
+    def _tail_probe(self, now: float, out: list[bytes]) -> None:
+        """After a quiet spell, the newest unanswered packet once more (see the module docstring)."""
+        if self._probes >= MAX_PROBES or now < self._progress_at + self.rtt.probe_timeout(self._probes):
+            return
+        for position in range(self._send_next - 1, self._low - 1, -1):
+            slot = position % self.who.slot_count
+            if not self._received[slot]:
+                flight = self._ring[slot]
+                out.append(self._packet(position))
+                flight.retries += 1  # Karn: its result no longer measures the round trip
+                flight.last_sent = now
+                self._probes += 1
+                self.stats.tail_probes += 1
+                self.stats.retransmissions += 1
+                self.stats.packets_sent += 1
+                return
+
     def _send_new(self, now: float, out: list[bytes]) -> None:
         limit = min(self._next_free, self._low + self.who.slot_count)
         while self._send_next < limit and self._inflight < self.window.packets:
@@ -308,3 +340,4 @@ class PacketEngine:
             self._inflight += 1
             self._send_next += 1
             self.stats.packets_sent += 1
+            self._progress_at, self._probes = now, 0

@@ -65,7 +65,8 @@ static void reset_positions(Core *c)  /* PacketEngine._reset_positions */
     c->next_free = c->send_next = c->low = 0;
     c->highest = -1;
     c->inflight = 0;
-    c->rack_sent = c->rack_answered = -INFINITY;
+    c->rack_sent = c->rack_answered = c->progress_at = -INFINITY;
+    c->probes = 0;
     c->n_out = 0;
 }
 
@@ -231,6 +232,7 @@ void core_result(Core *c, double now, const unsigned char *d, Py_ssize_t length,
         c->highest = position;
     if (flight->last_sent > c->rack_sent)
         c->rack_sent = flight->last_sent, c->rack_answered = now;
+    c->progress_at = now, c->probes = 0;
     Segment *segment = segment_at(c, position);
     uint32_t *into = (uint32_t *)segment->result.buf + (position - segment->first) * engine_constants.lanes;
     const unsigned char *words = d + engine_constants.header_bytes;
@@ -304,6 +306,31 @@ static int timers(Core *c, double now)  /* PacketEngine._timers */
     return 1;
 }
 
+static double probe_timeout(const Core *c, int probes)  /* RoundTrip.probe_timeout */
+{
+    double base = c->have_srtt ? max2(engine_constants.min_pto, engine_constants.pto_rtts * c->srtt) : c->rto;
+    return base * ldexp(1.0, probes);
+}
+
+static void tail_probe(Core *c, double now)  /* PacketEngine._tail_probe */
+{
+    if (c->probes >= engine_constants.max_probes || now < c->progress_at + probe_timeout(c, c->probes))
+        return;
+    for (long long p = c->send_next - 1; p >= c->low; p--) {
+        unsigned slot = (unsigned)(p % c->slot_count);
+        if (!c->received[slot]) {
+            Flight *flight = &c->ring[slot];
+            c->out[c->n_out++] = packet(c, p);
+            flight->retries++;
+            flight->last_sent = now;
+            c->probes++;
+            c->tail_probes++;
+            c->packets_sent++;
+            return;
+        }
+    }
+}
+
 static void send_new(Core *c, double now)  /* PacketEngine._send_new */
 {
     long long limit = c->low + c->slot_count < c->next_free ? c->low + c->slot_count : c->next_free;
@@ -321,6 +348,7 @@ static void send_new(Core *c, double now)  /* PacketEngine._send_new */
         c->inflight++;
         c->send_next++;
         c->packets_sent++;
+        c->progress_at = now, c->probes = 0;
     }
 }
 
@@ -328,8 +356,11 @@ void core_decide(Core *c, double now, int recover)  /* PacketEngine.step, after 
 {
     if (recover) {
         fast_retransmit(c, now);
+        int sent = c->n_out;
         if (!timers(c, now))
             return;
+        if (c->n_out == sent)
+            tail_probe(c, now);
     }
     send_new(c, now);
 }
@@ -349,5 +380,7 @@ double core_next_wakeup(const Core *c)  /* PacketEngine.next_wakeup; -1 for None
             due = min2(due, max2(flight->last_sent, c->rack_answered) + pause);
         wakeup = wakeup < 0 ? due : min2(wakeup, due);
     }
+    if (wakeup >= 0 && c->probes < engine_constants.max_probes)
+        wakeup = min2(wakeup, c->progress_at + probe_timeout(c, c->probes));
     return wakeup;
 }

@@ -30,7 +30,8 @@
     X(int, off_epoch, "OFF_EPOCH") X(int, off_seq, "OFF_SEQ") X(int, off_bitmap, "OFF_BITMAP")              \
     X(int, receive_batch, "RECEIVE_BATCH") X(int, receive_burst, "RECEIVE_BURST")                           \
     X(int, gso_segments, "UDP_GSO_SEGMENTS") X(int, gso_refusals, "UDP_GSO_REFUSALS")                       \
-    X(long, gso_bytes, "UDP_GSO_BYTES")
+    X(long, gso_bytes, "UDP_GSO_BYTES") X(double, pto_rtts, "PTO_RTTS") X(double, min_pto, "MIN_PTO_S")    \
+    X(int, max_probes, "MAX_PROBES")
 
 typedef struct {
 #define CONSTANT_MEMBER(type, field, name) type field;
@@ -74,6 +75,8 @@ typedef struct {
     /* positions */
     long long next_free, send_next, low, highest, inflight;
     double rack_sent, rack_answered; /* the latest send among answered packets, and when its answer came */
+    double progress_at;              /* the last new result or new packet ... */
+    int probes;                      /* ... and the tail probes since */
     Flight *ring;
     unsigned char *received;
     Segment *segs;
@@ -88,7 +91,7 @@ typedef struct {
     long long stall_position, stall_sends;
     double stall_age;
     /* counters (engine.EngineStats) */
-    long long packets_sent, fast_retransmissions, timer_retransmissions, results, duplicate_results,
+    long long packets_sent, fast_retransmissions, timer_retransmissions, tail_probes, results, duplicate_results,
         stale_results, partial_results, foreign_packets;
 } Core;
 

@@ -51,6 +51,18 @@ class RoundTrip:
         """The timer of a packet already sent ``retries`` + 1 times."""
         return min(MAX_RTO_S, self.rto * (2**retries))
 
+    def probe_timeout(self, probes: int) -> float:
+        """How long after the last progress the next tail probe goes, ``probes`` having gone already."""
+        base = max(MIN_PTO_S, PTO_RTTS * self.srtt) if self.srtt is not None else self.rto
+        return base * (2**probes)
+
+
+#: The tail probe (engine.py): sent after this many smoothed round trips without progress, never sooner
+#: than ``MIN_PTO_S`` (the I/O loop's poll sleeps in whole milliseconds), doubled for a second probe.
+PTO_RTTS = 2.0
+MIN_PTO_S = 0.001
+#: Probes per quiet spell before only the retransmission timer is left.
+MAX_PROBES = 2
 
 #: Packets a new stream may keep in flight before it has measured anything.
 INITIAL_WINDOW = 8.0
