@@ -100,6 +100,8 @@ typedef struct {
     int16_t *port_index; /* switch port number -> index in ports, -1 when nothing is attached */
     Gso gso;
     unsigned long long errors;
+    PyObject *capture;            /* a list while --pcap captures (NULL otherwise): see capture_frame */
+    long capture_in, capture_out; /* the direction codes its records carry (softswitch/capture.py) */
 } Engine;
 
 /* _dataplane_pipeline.c: one frame through the v1model program; -1 with an exception set if a table
@@ -127,6 +129,8 @@ void io_free(Engine *e);
 int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template);
 Py_ssize_t burst_receive(Engine *e, Port *port, int *error);
 int flush_all(Engine *e);
+/* While capturing: append (direction, port, frame bytes) to e->capture; -1 with an exception if it fails. */
+int capture_frame(Engine *e, long direction, long port, const uint8_t *frame, Py_ssize_t length);
 
 /* _dataplane_gso.c: a UDP port's queue out, runs per destination as UDP GSO messages. */
 int gso_setup(Engine *e);

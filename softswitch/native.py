@@ -17,7 +17,7 @@ from types import ModuleType
 
 from lhc_ina import constants as c
 from lhc_ina import wire
-from softswitch import program
+from softswitch import capture, program
 from softswitch.pipeline import DROP_PORT, RX_BYTES, Pipeline
 from softswitch.ports import MAX_PORT, Port, RawPort, UdpPort
 
@@ -136,6 +136,14 @@ class NativePipeline:
             self.engine.attach_raw(port.number, port.fileno())
         else:
             raise TypeError(f"cannot attach {port!r}")
+
+    def set_capture(self, records: list | None) -> None:
+        """While ``records`` is a list, every burst appends ``(direction, port, frame)`` to it for each frame
+        received and each frame queued on a port (``softswitch.capture``); None stops it."""
+        if records is None:
+            self.engine.set_capture(None)
+        else:
+            self.engine.set_capture(records, capture.INBOUND, capture.OUTBOUND)
 
     @property
     def errors(self) -> int:
