@@ -6,6 +6,7 @@ tshark must show every field of every one as ``lhc_ina.wire`` parses it (tests/h
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 from collections import Counter
@@ -140,3 +141,13 @@ def test_a_captured_job_reads_back_field_by_field(pipeline: str, tmp_path: Path)
         datagram = _udp(frame)[2]
         if datagram:
             check_lhc(datagram, layer["lhc"][0], workers=3)
+
+
+def test_the_mininet_capture_filter_is_the_lhc_port_range() -> None:
+    """mininet/topo.py runs under the system Python without the project: its copy of the range is checked
+    here."""
+    text = (Path(__file__).resolve().parent.parent / "mininet" / "topo.py").read_text()
+    base = int(re.search(r"^LHC_UDP_PORT = (\d+)", text, re.M).group(1))
+    count = int(re.search(r"^LHC_UDP_PORT_COUNT = (\d+)", text, re.M).group(1))
+    assert (base, count) == (c.UDP_PORT_BASE, c.UDP_PORT_COUNT)
+    assert 'f"udp portrange {LHC_UDP_PORT}-{LHC_UDP_PORT + LHC_UDP_PORT_COUNT - 1}"' in text

@@ -1,5 +1,6 @@
 """Read back what ``softswitch.capture`` writes (a pcapng file), independently of it and of Wireshark: the
-reference the dissector tests compare tshark's view with."""
+reference the dissector tests compare tshark's view with; and the classic pcap files tcpdump writes
+(``mininet/run.py --pcap``)."""
 
 from __future__ import annotations
 
@@ -53,4 +54,20 @@ def read_frames(path: Path) -> list[Frame]:
             direction = struct.unpack("<I", options[EPB_FLAGS])[0] & 3 if EPB_FLAGS in options else 0
             frames.append(Frame(interfaces[interface], direction, high << 32 | low, body[20 : 20 + captured]))
         at += length
+    return frames
+
+
+def read_pcap(path: Path) -> list[bytes]:
+    """The frames of a classic pcap file with Ethernet link type (tcpdump -w), in file order."""
+    raw = path.read_bytes()
+    magic = raw[:4]
+    order = {b"\xd4\xc3\xb2\xa1": "<", b"\xa1\xb2\xc3\xd4": ">", b"\x4d\x3c\xb2\xa1": "<",
+             b"\xa1\xb2\x3c\x4d": ">"}[magic]
+    linktype = struct.unpack_from(order + "I", raw, 20)[0]
+    assert linktype == 1, f"{path}: link type {linktype}, not Ethernet"
+    frames, at = [], 24
+    while at + 16 <= len(raw):
+        captured = struct.unpack_from(order + "I", raw, at + 8)[0]
+        frames.append(raw[at + 16 : at + 16 + captured])
+        at += 16 + captured
     return frames
