@@ -219,8 +219,9 @@ static PyObject *engine_burst(Engine *e, PyObject *arg)
             continue;
         processed++;
         port->frames_in++;
-        if ((e->capture != NULL && capture_frame(e, e->capture_in, number, e->rx + i * e->L.rx_bytes, length) < 0)
-            || process_frame(e, e->rx + i * e->L.rx_bytes, length, number, &sink) < 0) {
+        uint8_t *frame = e->rx + i * e->L.rx_bytes;
+        if ((e->capture != NULL && capture_frame(e, e->capture_in, number, frame, length) < 0)
+            || process_frame(e, frame, length, number, &sink) < 0) {
             /* a broken table entry costs this frame, not the burst: keep the error for the caller's log */
             PyObject *type, *value, *traceback;
             PyErr_Fetch(&type, &value, &traceback);
@@ -242,7 +243,8 @@ static PyObject *engine_flush(Engine *e, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* Python twin: DataPlane's capture records (softswitch/dataplane.py). */
+/* Called by NativePipeline.set_capture; the Python pipeline's twin is DataPlane._captured
+ * (softswitch/dataplane.py), which records the same (direction, port, frame) tuples. */
 static PyObject *engine_set_capture(Engine *e, PyObject *args)
 {
     PyObject *records;
@@ -250,7 +252,8 @@ static PyObject *engine_set_capture(Engine *e, PyObject *args)
     if (!PyArg_ParseTuple(args, "O|ll", &records, &inbound, &outbound))
         return NULL;
     if (records != Py_None && !PyList_Check(records))
-        return PyErr_Format(PyExc_TypeError, "set_capture takes a list or None, not %s", Py_TYPE(records)->tp_name);
+        return PyErr_Format(PyExc_TypeError, "set_capture takes a list or None, not %s",
+                            Py_TYPE(records)->tp_name);
     Py_XSETREF(e->capture, records == Py_None ? NULL : Py_NewRef(records));
     e->capture_in = inbound;
     e->capture_out = outbound;
@@ -283,7 +286,7 @@ static PyMethodDef engine_methods[] = {
      "burst(number) -> frames processed: one recvmmsg on the port through the pipeline (hold the lock)"},
     {"flush", (PyCFunction)engine_flush, METH_NOARGS, "flush(): every port's queue out, one sendmmsg each"},
     {"set_capture", (PyCFunction)engine_set_capture, METH_VARARGS,
-     "set_capture(records, inbound, outbound): append (direction, port, frame) per frame in and out; None: stop"},
+     "set_capture(records, inbound, outbound): burst appends (direction, port, frame) per frame in and out"},
     {"port_counters", (PyCFunction)engine_port_counters, METH_NOARGS,
      "port_counters() -> {port: {frames_in, dropped_non_udp, send_errors}}"},
     {NULL, NULL, 0, NULL},

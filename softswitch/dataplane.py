@@ -105,7 +105,7 @@ class DataPlane:
     def _burst_python(self, port: Port) -> None:
         receive, number, process, emit = port.receive, port.number, self.pipeline.process, self.emit
         captured = self._captured if self.capture is not None else None
-        began_us = time.time_ns() // 1000
+        began_us = time.time_ns() // 1000 if captured is not None else 0
         try:
             with self.lock:
                 for _ in range(BURST):
@@ -131,7 +131,7 @@ class DataPlane:
     def _burst_native(self, port: Port) -> None:
         native = self.native
         assert native is not None
-        began_us = time.time_ns() // 1000
+        began_us = time.time_ns() // 1000 if self.capture is not None else 0
         try:
             with self.lock:
                 native.burst(port.number)
