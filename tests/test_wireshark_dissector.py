@@ -16,7 +16,7 @@ import pytest
 
 from lhc_ina import constants as c
 from lhc_ina import wiresharkgen
-from lhc_ina.wire import LhcHeader, build_frame, pack_packet
+from lhc_ina.wire import HEADER_OFFSETS, LhcHeader, build_frame, pack_packet
 from softswitch.capture import INBOUND, OUTBOUND, PcapngWriter
 from tests.harness.tshark import check_lhc, experts, fields, run_tshark
 
@@ -158,3 +158,35 @@ def test_the_w_preference_names_the_missing_and_the_foreign_ranks(tmp_path: Path
         ("lhc.expert.foreign_ranks", "Result with the bit of rank(s) 4, W = 4"),
         ("lhc.expert.missing_ranks", "Result without the bit of rank(s) 0, 2, 3 (W = 4)")]
     assert fields(known["lhc"][0])["lhc.bitmap.ranks"] == ["1, 4"]
+
+
+@pytest.mark.tshark
+@pytest.mark.parametrize("snap", [c.HEADER_BYTES - 8, c.HEADER_BYTES + 2 * c.LANE_BYTES + 1])
+def test_a_capture_cut_short_is_not_called_malformed(tmp_path: Path, snap: int) -> None:
+    """A small snap length (editcap -s, tcpdump -s) cuts datagrams: the fields and whole lanes captured are
+    shown, with a note, and the packet is judged by its length on the wire."""
+    whole, cut = tmp_path / "whole.pcapng", tmp_path / "cut.pcapng"
+    datagram = _packet(msg_type=c.MsgType.RESULT, bitmap=0b11)
+    writer = PcapngWriter(whole, [(1, "port 1")])
+    writer.record(OUTBOUND, 1, _frame(datagram, src_port=c.UDP_PORT_BASE, dst_port=40000))
+    writer.close()
+    editcap = shutil.which("editcap")
+    if editcap is None:
+        pytest.skip("needs editcap (Debian package wireshark-common, which tshark depends on)")
+    subprocess.run([editcap, "-s", str(42 + snap), str(whole), str(cut)], check=True, capture_output=True)
+    (layer,) = run_tshark(cut)
+    shown = fields(layer["lhc"][0])
+    assert "lhc.malformed" not in shown and "_ws.malformed" not in layer["lhc"][0]
+    assert experts(layer["lhc"][0]) == [
+        ("lhc.expert.cut", f"Capture cut short: {snap} of the datagram's {len(datagram)} bytes")]
+    header = LhcHeader.unpack(datagram)
+    for name, _ in c.HEADER_FIELDS:
+        arrived = HEADER_OFFSETS[name] + wiresharkgen.group_bytes(name) <= snap
+        assert (f"lhc.{name}" in shown) == arrived, name
+        if arrived and name not in wiresharkgen.HEX:
+            assert shown[f"lhc.{name}"] == [str(getattr(header, name))]
+    lanes = max(0, (snap - c.HEADER_BYTES) // c.LANE_BYTES)
+    if snap >= c.HEADER_BYTES:
+        assert shown["lhc.lanes"] == [str(lanes)]
+        words = np.frombuffer(datagram, ">i4", lanes, c.HEADER_BYTES)
+        assert shown.get("lhc.lane.add", []) == [str(w) for w in words]

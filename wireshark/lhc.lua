@@ -74,8 +74,9 @@ local E = {
     foreign_ranks = ProtoExpert.new("lhc.expert.foreign_ranks", "Result with bits of ranks >= W",
         expert.group.SEQUENCE, expert.severity.WARN),
     retx = ProtoExpert.new("lhc.expert.retx", "Retransmitted result", expert.group.SEQUENCE, expert.severity.NOTE),
+    cut = ProtoExpert.new("lhc.expert.cut", "Capture cut short", expert.group.UNDECODED, expert.severity.NOTE),
 }
-proto.experts = { E.malformed, E.unknown_type, E.unknown_op, E.missing_ranks, E.foreign_ranks, E.retx }
+proto.experts = { E.malformed, E.unknown_type, E.unknown_op, E.missing_ranks, E.foreign_ranks, E.retx, E.cut }
 
 -- A field's value: its bits within its byte group (TvbRange:bitfield counts from the group's first bit).
 local function value_of(tvb, field)
@@ -167,10 +168,16 @@ local function dissect_payload(tvb, root, op)
     end
 end
 
+-- length: the bytes captured, all that is read; sent: the datagram's length on the wire, which the checks
+-- judge (a capture with a small snap length cuts packets short without making them malformed).
 function proto.dissector(tvb, pinfo, tree)
-    local length = tvb:len()
+    local length, sent = tvb:len(), tvb:reported_len()
     pinfo.cols.protocol = "LHC"
     local root = length > 0 and tree:add(proto, tvb()) or tree:add(proto)
+    if length < sent then
+        root:add_proto_expert_info(E.cut, string.format("Capture cut short: %d of the datagram's %d bytes",
+            length, sent))
+    end
     if length < LHC.HEADER_BYTES then
         for _, field in ipairs(LHC.FIELDS) do -- the fields whose bytes arrived
             if field.offset + field.bytes <= length then
@@ -178,7 +185,9 @@ function proto.dissector(tvb, pinfo, tree)
             end
         end
         pinfo.cols.info:set("lhc")
-        malformed(root, pinfo, string.format("truncated header: %d of %d bytes", length, LHC.HEADER_BYTES))
+        if sent < LHC.HEADER_BYTES then
+            malformed(root, pinfo, string.format("truncated header: %d of %d bytes", sent, LHC.HEADER_BYTES))
+        end
         return length
     end
     local v, items = {}, {}
@@ -212,9 +221,9 @@ function proto.dissector(tvb, pinfo, tree)
     if v.flags ~= 0 then
         malformed(root, pinfo, string.format("reserved flags = %d, must be 0", v.flags))
     end
-    if length ~= LHC.HEADER_BYTES + LHC.PAYLOAD_BYTES then
+    if sent ~= LHC.HEADER_BYTES + LHC.PAYLOAD_BYTES then
         malformed(root, pinfo, string.format("payload of %d bytes: an lhc packet carries %d lanes (%d bytes)",
-            length - LHC.HEADER_BYTES, LHC.LANES, LHC.PAYLOAD_BYTES))
+            sent - LHC.HEADER_BYTES, LHC.LANES, LHC.PAYLOAD_BYTES))
     end
     return length
 end
@@ -228,7 +237,7 @@ end
 -- Heuristic, for lhc on other ports: a datagram of exactly one packet's size, a known type and op, flags 0
 -- and a rank below MAX_WORKERS.
 local function heuristic(tvb, pinfo, tree)
-    if tvb:len() ~= LHC.HEADER_BYTES + LHC.PAYLOAD_BYTES then
+    if tvb:reported_len() ~= LHC.HEADER_BYTES + LHC.PAYLOAD_BYTES or tvb:len() < LHC.HEADER_BYTES then
         return false
     end
     local v = {}
