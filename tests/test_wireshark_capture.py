@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 import socket
 import struct
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -151,3 +153,12 @@ def test_the_mininet_capture_filter_is_the_lhc_port_range() -> None:
     count = int(re.search(r"^LHC_UDP_PORT_COUNT = (\d+)", text, re.M).group(1))
     assert (base, count) == (c.UDP_PORT_BASE, c.UDP_PORT_COUNT)
     assert 'f"udp portrange {LHC_UDP_PORT}-{LHC_UDP_PORT + LHC_UDP_PORT_COUNT - 1}"' in text
+
+
+def test_a_capture_file_that_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-folder" / "x.pcapng"
+    done = subprocess.run([sys.executable, "-m", "softswitch.cli", "--grpc-addr", "127.0.0.1:0", "--udp",
+                           "127.0.0.1:0", "--pcap", str(missing)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"lhc-softswitch: --pcap {missing}: No such file or directory" in done.stderr
+    assert done.stdout == ""  # never ready
