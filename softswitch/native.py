@@ -137,13 +137,10 @@ class NativePipeline:
         else:
             raise TypeError(f"cannot attach {port!r}")
 
-    def set_capture(self, records: list | None) -> None:
-        """While ``records`` is a list, every burst appends ``(direction, port, frame)`` to it for each frame
-        received and each frame queued on a port (``softswitch.capture``); None stops it."""
-        if records is None:
-            self.engine.set_capture(None)
-        else:
-            self.engine.set_capture(records, capture.INBOUND, capture.OUTBOUND)
+    def set_capture(self, records: list[tuple[int, int, bytes]]) -> None:
+        """From now on every burst appends ``(direction, port, frame)`` to ``records`` for each frame it
+        receives and each frame it queues on a port (``softswitch.capture``)."""
+        self.engine.set_capture(records, capture.INBOUND, capture.OUTBOUND)
 
     @property
     def errors(self) -> int:
