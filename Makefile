@@ -14,7 +14,8 @@ PYTEST_ARGS ?=
 # e.g. make demo DEMO_ARGS='--workers 2 --steps 10'
 DEMO_ARGS ?=
 
-.PHONY: venv demo test lint bench p4 p4-v1model p4-tna p4-p4info p4-constants p4-check system-deps clean emulate-train emulate-bmv2
+.PHONY: venv demo test lint bench p4 p4-v1model p4-tna p4-p4info p4-constants p4-check system-deps clean emulate-train emulate-bmv2 \
+	wireshark-dissector wireshark-check test-tools
 
 venv: $(INSTALLED)
 
@@ -35,7 +36,7 @@ $(INSTALLED): pyproject.toml setup.py $(NATIVE_SOURCES)
 demo: venv
 	$(PY) -m lhc_demo.train $(DEMO_ARGS)
 
-test: venv p4-check
+test: venv p4-check wireshark-check test-tools
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -53,6 +54,27 @@ p4-constants:
 
 p4-check:
 	$(PYTHON) -m lhc_ina.p4gen --check
+
+# The Wireshark dissector generated from lhc_ina/constants.py and lhc_ina/wire.py (as the P4 include is).
+wireshark-dissector: venv
+	$(PY) -m lhc_ina.wiresharkgen
+
+wireshark-check: venv
+	$(PY) -m lhc_ina.wiresharkgen --check
+
+# tshark, for the dissector's tests (tests/test_wireshark_capture.py): installed from the Debian packages
+# where it is missing and apt-get can run (root). Never fails: without it those tests skip and say why.
+TSHARK_DEBCONF := wireshark-common wireshark-common/install-setuid boolean false
+test-tools:
+	@command -v tshark >/dev/null && exit 0; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "make test: tshark not found and apt-get cannot install it here (needs root on Debian):" \
+			"the Wireshark dissector tests will skip"; exit 0; fi; \
+	echo "$(TSHARK_DEBCONF)" | debconf-set-selections 2>/dev/null; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark >/dev/null 2>&1 \
+		|| { apt-get update -qq >/dev/null 2>&1 && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark >/dev/null 2>&1; } \
+		|| echo "make test: installing tshark failed: the Wireshark dissector tests will skip"
 
 # `make p4-v1model` / `make p4-tna` compile one program and fail when its compiler is missing. `make p4`
 # compiles both with whichever compilers are installed, names each program it skipped, and fails when it
@@ -102,11 +124,14 @@ emulate-bmv2: venv
 	/usr/bin/python3 mininet/run.py --switch bmv2 --workers 2 --bw 0 --workload bench --length 20000 \
 		--out build/emulation-bmv2 $(EMULATE_ARGS)
 
-# Debian packages for the emulation tests (Mininet and friends); the tests that need them call this.
+# Debian packages for the emulation tests (Mininet and friends; tcpdump for mininet/run.py --pcap) and
+# tshark for the dissector's tests; the tests that need them call this.
 system-deps:
 	@if [ "$$(id -u)" != 0 ]; then echo "system-deps needs root (apt-get)"; exit 1; fi
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mininet bridge-utils iputils-ping iproute2 ethtool nftables
+	echo "$(TSHARK_DEBCONF)" | debconf-set-selections
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mininet bridge-utils iputils-ping iproute2 ethtool \
+		nftables tcpdump tshark
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .ruff_cache .hypothesis

@@ -49,6 +49,9 @@ def _missing(marker: str) -> str | None:
         if tofino_compiler():
             return None
         return "needs a Tofino compiler: bf-p4c, $BF_P4C, or p4c-barefoot (with its p4c driver) on PATH"
+    if marker == "tshark":
+        return None if shutil.which("tshark") else (
+            "needs tshark (Wireshark's CLI): `make test` installs the Debian package where it runs as root")
     if marker == "gpu":
         return None if _has_cuda() else "needs a CUDA device"
     return None

@@ -9,6 +9,11 @@ ordinary traffic, torch.distributed's TCP included, crosses the switch by the co
 runs the workload's processes inside the hosts with the project's virtualenv, collects their JSON, prints
 the summary and tears everything down, also after a failure or Ctrl-C.
 
+``--pcap DIR`` captures while the workload runs: ``DIR/hI.pcap`` at every worker host's interface
+(tcpdump in the host's namespace, lhc's UDP ports only unless ``--pcap-filter`` says otherwise) and, with
+softswitch, ``DIR/switch.pcapng``, every frame the switch receives and sends (``lhc-softswitch --pcap``).
+Open them with Wireshark and ``wireshark/lhc.lua`` (docs/testing.md).
+
 The controller runs with an operator token (``--token-file``, a fresh one per run), and each job's workers
 join with that job's credential only (``job create --credential-file``, handed to them as
 ``LHC_TOKEN_FILE``), from their own host's address, as tenants of a shared switch would.
@@ -54,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--python", default=str(REPO / ".venv" / "bin" / "python"),
                         help="the project's interpreter, run inside the hosts (%(default)s)")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "emulation", help="(%(default)s)")
+    parser.add_argument("--pcap", type=Path, default=None, metavar="DIR",
+                        help="capture at every worker host's interface (DIR/hI.pcap, tcpdump) and, with "
+                             "softswitch, in the switch (DIR/switch.pcapng)")
+    parser.add_argument("--pcap-filter", default=topo.LHC_CAPTURE_FILTER,
+                        help="the hosts' capture filter (tcpdump syntax; default: %(default)s)")
     return parser
 
 
@@ -95,6 +105,8 @@ def start_switch(args: argparse.Namespace, cluster: topo.Cluster, scratch: Path,
     if args.switch == "bmv2":
         return start_bmv2(cluster, log, procs)
     ports = [arg for port, name in cluster.switch_ports.items() for arg in ("--port", f"{port}@{name}")]
+    if args.pcap:
+        ports += ["--pcap", str(args.pcap / "switch.pcapng")]
     proc = procs.add(subprocess.Popen(
         [args.python, "-m", "softswitch.cli", "--grpc-addr", "127.0.0.1:0", *ports],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=REPO, env=_env(),
@@ -117,6 +129,27 @@ def start_bmv2(cluster: topo.Cluster, log: Path, procs: Processes) -> str:
                 return f"127.0.0.1:{grpc}"
         time.sleep(0.2)
     raise RuntimeError(f"simple_switch_grpc did not start; its log: {log.read_text()[-3000:]}")
+
+
+def start_captures(args: argparse.Namespace, cluster: topo.Cluster, procs: Processes) -> None:
+    """tcpdump at every worker host's interface, in the host's namespace, until the run ends (SIGTERM:
+    tcpdump writes what it holds and exits); returns once every one listens."""
+    args.pcap.mkdir(parents=True, exist_ok=True)
+    logs = []
+    for host in cluster.hosts:
+        log = args.pcap / f"{host.name}.tcpdump.log"
+        # --immediate-mode and -U: each packet is written as it comes (without them the last second's
+        # packets can still sit in the kernel's ring when SIGTERM ends tcpdump); -Z root: no drop to user
+        # tcpdump, which could not write into DIR
+        procs.add(host.popen(["tcpdump", "-i", f"{host.name}-eth0", "-n", "--immediate-mode", "-U", "-s", "0",
+                              "-Z", "root", "-w", str(args.pcap / f"{host.name}.pcap"), args.pcap_filter],
+                             stdout=subprocess.DEVNULL, stderr=log.open("w")))
+        logs.append(log)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not all("listening on" in log.read_text() for log in logs):
+        if time.monotonic() > deadline or any(proc.poll() is not None for proc in procs.started[-len(logs):]):
+            raise RuntimeError("tcpdump did not start: " + " ".join(log.read_text()[-500:] for log in logs))
+        time.sleep(0.1)
 
 
 def _free_port() -> int:
@@ -238,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{BMV2_JSON} (`make p4-v1model`, with p4c on PATH)")
     if not Path(args.python).exists():
         raise SystemExit(f"no project interpreter at {args.python}: run `make venv` first or pass --python")
+    if args.pcap and not shutil.which("tcpdump"):
+        raise SystemExit("--pcap needs tcpdump on PATH (`make system-deps` installs it)")
     procs = Processes()
     cluster = None
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # tear down on SIGTERM too
@@ -250,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster = topo.build(args.workers, args.bw or None)
             if args.loss:
                 topo.apply_loss(cluster, args.loss)
+            if args.pcap:
+                start_captures(args, cluster, procs)
             grpc = start_switch(args, cluster, scratch, procs)
             controller = start_controller(args, grpc, cluster.write_topology(scratch / "topo.json"), scratch,
                                           procs)

@@ -25,6 +25,9 @@ SWITCH_IP, SWITCH_MAC = f"{SUBNET}.253", "02:00:00:00:00:fd"
 CONTROLLER_IP, CONTROLLER_MAC = f"{SUBNET}.254", "02:00:00:00:00:fe"
 CONTROLLER_VETH, CONTROLLER_PORT_VETH = "lhcctl0", "lhcctl1"
 LHC_UDP_PORT = 19520  # lhc_ina.constants.UDP_PORT_BASE, the switch's lhc port in the topology file
+LHC_UDP_PORT_COUNT = 16  # lhc_ina.constants.UDP_PORT_COUNT (tests/test_wireshark_capture.py checks both)
+#: run.py --pcap's host capture filter: lhc datagrams, either way (RESULTs come from an lhc port).
+LHC_CAPTURE_FILTER = f"udp portrange {LHC_UDP_PORT}-{LHC_UDP_PORT + LHC_UDP_PORT_COUNT - 1}"
 
 
 def host_ip(index: int) -> str:

@@ -16,6 +16,9 @@
  *     caller holds the switch lock: tables are read with the GIL held, as the Python data plane does.
  * flush()
  *     Every port's queue out with one sendmmsg each (call it outside the lock).
+ * set_capture(records, inbound, outbound) / set_capture(None)
+ *     While records is a list, burst appends (inbound, port, frame) for every frame it receives (before
+ *     the pipeline rewrites it) and (outbound, port, frame) for every frame it queues on a port.
  *
  * Files: _dataplane_pipeline.c (the v1model program), _dataplane_tables.c (table lookups),
  * _dataplane_io.c (ports, bursts, sends through lhc_ina/udp_batch.c), this one (the type).
@@ -131,7 +134,7 @@ static void engine_dealloc(Engine *e)
     Py_CLEAR(e->pipeline); Py_CLEAR(e->jobs_table); Py_CLEAR(e->workers_table); Py_CLEAR(e->l2_table);
     Py_CLEAR(e->replicas_table); Py_CLEAR(e->lpm_table); Py_CLEAR(e->pre); Py_CLEAR(e->name_set_job);
     Py_CLEAR(e->name_admit_worker); Py_CLEAR(e->name_route); Py_CLEAR(e->name_set_port);
-    Py_CLEAR(e->name_set_replica_dst); Py_CLEAR(e->last_error);
+    Py_CLEAR(e->name_set_replica_dst); Py_CLEAR(e->last_error); Py_CLEAR(e->capture);
     io_free(e);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
@@ -216,7 +219,9 @@ static PyObject *engine_burst(Engine *e, PyObject *arg)
             continue;
         processed++;
         port->frames_in++;
-        if (process_frame(e, e->rx + i * e->L.rx_bytes, length, number, &sink) < 0) {
+        uint8_t *frame = e->rx + i * e->L.rx_bytes;
+        if ((e->capture != NULL && capture_frame(e, e->capture_in, number, frame, length) < 0)
+            || process_frame(e, frame, length, number, &sink) < 0) {
             /* a broken table entry costs this frame, not the burst: keep the error for the caller's log */
             PyObject *type, *value, *traceback;
             PyErr_Fetch(&type, &value, &traceback);
@@ -235,6 +240,23 @@ static PyObject *engine_flush(Engine *e, PyObject *Py_UNUSED(ignored))
 {
     if (ready(e) < 0 || flush_all(e) < 0)
         return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Called by NativePipeline.set_capture; the Python pipeline's twin is DataPlane._captured
+ * (softswitch/dataplane.py), which records the same (direction, port, frame) tuples. */
+static PyObject *engine_set_capture(Engine *e, PyObject *args)
+{
+    PyObject *records;
+    long inbound = 0, outbound = 0;
+    if (!PyArg_ParseTuple(args, "O|ll", &records, &inbound, &outbound))
+        return NULL;
+    if (records != Py_None && !PyList_Check(records))
+        return PyErr_Format(PyExc_TypeError, "set_capture takes a list or None, not %s",
+                            Py_TYPE(records)->tp_name);
+    Py_XSETREF(e->capture, records == Py_None ? NULL : Py_NewRef(records));
+    e->capture_in = inbound;
+    e->capture_out = outbound;
     Py_RETURN_NONE;
 }
 
@@ -263,6 +285,8 @@ static PyMethodDef engine_methods[] = {
     {"burst", (PyCFunction)engine_burst, METH_O,
      "burst(number) -> frames processed: one recvmmsg on the port through the pipeline (hold the lock)"},
     {"flush", (PyCFunction)engine_flush, METH_NOARGS, "flush(): every port's queue out, one sendmmsg each"},
+    {"set_capture", (PyCFunction)engine_set_capture, METH_VARARGS,
+     "set_capture(records, inbound, outbound): burst appends (direction, port, frame) per frame in and out"},
     {"port_counters", (PyCFunction)engine_port_counters, METH_NOARGS,
      "port_counters() -> {port: {frames_in, dropped_non_udp, send_errors}}"},
     {NULL, NULL, 0, NULL},

@@ -93,6 +93,8 @@ typedef struct {
     int16_t *port_index; /* switch port number -> index in ports, -1 when nothing is attached */
     UdpRuns runs; /* lhc_ina/udp_batch.c's scratch for one port's flush, shared by the ports */
     unsigned long long errors;
+    PyObject *capture;            /* a list while --pcap captures (NULL otherwise): see capture_frame */
+    long capture_in, capture_out; /* the direction codes its records carry (softswitch/capture.py) */
 } Engine;
 
 /* _dataplane_pipeline.c: one frame through the v1model program; -1 with an exception set if a table
@@ -120,6 +122,8 @@ void io_free(Engine *e);
 int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template);
 Py_ssize_t burst_receive(Engine *e, Port *port, int *error);
 int flush_all(Engine *e);
+/* While capturing: append (direction, port, frame bytes) to e->capture; -1 with an exception if it fails. */
+int capture_frame(Engine *e, long direction, long port, const uint8_t *frame, Py_ssize_t length);
 
 /* Big-endian fields of 1, 2, 4 or 6 bytes: widths come from the layout, so a generic reader. */
 static inline uint64_t get_be(const uint8_t *p, long bytes)

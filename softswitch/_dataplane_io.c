@@ -131,6 +131,15 @@ int flush_all(Engine *e)
     return 0;
 }
 
+/* Python twin: DataPlane._burst_python's and DataPlane.emit's records (softswitch/dataplane.py). */
+int capture_frame(Engine *e, long direction, long port, const uint8_t *frame, Py_ssize_t length)
+{
+    PyObject *item = Py_BuildValue("(lly#)", direction, port, (const char *)frame, length);
+    int status = item ? PyList_Append(e->capture, item) : -1;
+    Py_XDECREF(item);
+    return status;
+}
+
 /* A copy leaving the pipeline: into the inject list, or queued on its port (dropped if none). */
 int emit_frame(Engine *e, Sink *sink, long port, const uint8_t *frame, Py_ssize_t length)
 {
@@ -155,6 +164,8 @@ int emit_frame(Engine *e, Sink *sink, long port, const uint8_t *frame, Py_ssize_
         data = frame + L->frame_lhc;
         size = length - L->frame_lhc;
     }
+    if (e->capture != NULL && capture_frame(e, e->capture_out, port, frame, length) < 0)
+        return -1;
     if (p->queued == e->queue_capacity || e->arena_used + size > e->arena_size) {
         if (flush_all(e) < 0)
             return -1;

@@ -2,7 +2,7 @@
 
     lhc-softswitch [--grpc-addr HOST:PORT] [--device-id N] [--port N@IFACE ...] [--udp N@HOST:UDPPORT ...]
                    [--pipeline native|python] [--tls-cert PEM --tls-key PEM [--tls-ca PEM]]
-                   [--log-level LEVEL]
+                   [--pcap FILE] [--log-level LEVEL]
 
 Once gRPC listens and every port is open, one line goes to stdout (flushed), e.g.
 
@@ -15,6 +15,9 @@ with how P4Runtime is served (``plaintext``, ``tls`` with ``--tls-cert``/``--tls
 port outside that range is refused) and the pipeline that runs (native by default where
 softswitch/_dataplane.c was built, python otherwise). Harnesses wait for it. Logs go to stderr. If the
 data plane's thread dies, the process logs it and exits with status 1.
+
+``--pcap FILE`` records every frame the data plane receives and sends, on every port, as pcapng
+(``softswitch.capture``; read it with Wireshark and ``wireshark/lhc.lua``, docs/testing.md).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import threading
 
 from lhc_ina import tls
 from lhc_ina.p4info import P4InfoIndex
+from softswitch.capture import PcapngWriter
 from softswitch.dataplane import NATIVE_BURST, DataPlane
 from softswitch.native import PIPELINES, NativePipeline, choose_pipeline, native_available
 from softswitch.pipeline import Pipeline
@@ -61,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
               "is refused)",
         "cert": "P4Runtime is served with (TLS)",
     })
+    parser.add_argument("--pcap", metavar="FILE", default=None,
+                        help="write every frame the data plane receives and sends to FILE (pcapng, one "
+                             "interface per port; dissect with wireshark/lhc.lua)")
     parser.add_argument("--log-level", default="WARNING",
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="stderr log level")
     return parser
@@ -102,6 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lhc-softswitch: {exc}", file=sys.stderr)
         return 1
 
+    capture = None
+    if args.pcap is not None:
+        try:
+            capture = PcapngWriter(args.pcap, [(port.number, port.spec.describe()) for port in ports])
+        except OSError as exc:
+            for port in ports:
+                port.close()
+            print(f"lhc-softswitch: --pcap {args.pcap}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     lock = threading.Lock()
     service = P4RuntimeService(pipeline, lock, index.p4info, args.device_id)
     try:
@@ -109,11 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, tls.TlsError) as exc:
         for port in ports:
             port.close()
+        if capture is not None:
+            capture.close()
         print(f"lhc-softswitch: {exc}", file=sys.stderr)
         return 1
     stop = threading.Event()
     native = NativePipeline(pipeline, NATIVE_BURST) if kind == "native" else None
-    dataplane = DataPlane(pipeline, ports, lock, native=native, on_failure=lambda _: stop.set())
+    dataplane = DataPlane(pipeline, ports, lock, native=native, capture=capture,
+                          on_failure=lambda _: stop.set())
     # One line on stderr whatever the log level: which pipeline forwards, and why when it is not the default.
     why = {"native": "C, softswitch/_dataplane.c", "python": "the reference model"}[kind]
     if args.pipeline is None and not native_available():
@@ -133,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
              dataplane.errors, dataplane.socket_errors)
     server.stop(grace=1).wait()
     dataplane.stop()
+    if capture is not None:
+        log.info("captured %d frames in %s", capture.frames, capture.path)
     if dataplane.failed is not None:
         log.critical("lhc-softswitch: exiting with status 1: the data plane died (%r)", dataplane.failed)
         return 1

@@ -11,6 +11,10 @@ Two pipelines run the same loop: ``python`` (``Pipeline.process`` frame by frame
 receive and send) and ``native`` (``softswitch.native``: one call per burst does the recvmmsg and every
 frame in C, with the GIL held under the same lock; one more sends every port's queue).
 
+With a capture (``softswitch.capture``, ``lhc-softswitch --pcap``), every frame a burst receives and
+every frame it hands to a port is recorded, written when the burst ends; the native engine collects its
+burst's frames only while a capture is set.
+
 A socket error on a port (an OSError from a receive or a send) is counted and logged, and the loop goes
 on. If the loop dies anyway, ``on_failure`` is called after a critical log line: the process must end
 rather than keep a P4Runtime server answering for a switch that no longer forwards.
@@ -25,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from softswitch.capture import INBOUND, OUTBOUND, PcapngWriter
 from softswitch.native import NativePipeline
 from softswitch.pipeline import Pipeline
 from softswitch.ports import Port
@@ -44,10 +49,12 @@ class DataPlane:
     """Ports plus pipeline; ``start`` runs the loop in a thread, ``stop`` ends it.
 
     ``native``, when given, runs the bursts (it must be bound to ``pipeline``); ``on_failure`` is called
-    with the exception if the loop dies."""
+    with the exception if the loop dies; ``capture``, when given, records every frame in and out (the data
+    plane closes it when it stops)."""
 
     def __init__(self, pipeline: Pipeline, ports: Iterable[Port], lock: threading.Lock, *,
-                 on_failure: Callable[[BaseException], None], native: NativePipeline | None = None) -> None:
+                 on_failure: Callable[[BaseException], None], native: NativePipeline | None = None,
+                 capture: PcapngWriter | None = None) -> None:
         self.pipeline = pipeline
         self.ports = {port.number: port for port in ports}
         self.lock = lock
@@ -63,11 +70,15 @@ class DataPlane:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._sending: set[Port] = set()  # python pipeline: ports that queued frames in this burst
+        self.capture = capture
+        self._captured: list[tuple[int, int, bytes]] = []  # this burst's frames, while capturing
         if native is not None:
             if native.pipeline is not pipeline:
                 raise ValueError("the native pipeline must be bound to this data plane's Pipeline")
             for port in self.ports.values():
                 native.attach(port)
+            if capture is not None:
+                native.set_capture(self._captured)
 
     @property
     def frames_in(self) -> int:
@@ -80,11 +91,21 @@ class DataPlane:
         """Send a frame out of ``port``; a port with nothing attached drops it, as on BMv2."""
         target = self.ports.get(port)
         if target is not None:
-            target.send(frame)
+            if target.send(frame) and self.capture is not None:
+                self._captured.append((OUTBOUND, port, bytes(frame)))
             self._sending.add(target)
+
+    def _write_captured(self, began_us: int) -> None:
+        """This burst's frames into the capture file, stamped with the time the burst began."""
+        assert self.capture is not None
+        self.capture.record_all(self._captured, began_us)
+        self.capture.flush()
+        self._captured.clear()
 
     def _burst_python(self, port: Port) -> None:
         receive, number, process, emit = port.receive, port.number, self.pipeline.process, self.emit
+        captured = self._captured if self.capture is not None else None
+        began_us = time.time_ns() // 1000 if captured is not None else 0
         try:
             with self.lock:
                 for _ in range(BURST):
@@ -93,6 +114,8 @@ class DataPlane:
                         break
                     if length:
                         self._python_frames += 1
+                        if captured is not None:  # before process(), which rewrites the frame in place
+                            captured.append((INBOUND, number, bytes(self.pipeline.rx[:length])))
                         try:
                             process(length, number, emit)
                         except Exception:  # a bug must cost one packet, not the switch
@@ -102,15 +125,20 @@ class DataPlane:
             for sending in self._sending:
                 sending.flush()
             self._sending.clear()
+            if captured is not None:
+                self._write_captured(began_us)
 
     def _burst_native(self, port: Port) -> None:
         native = self.native
         assert native is not None
+        began_us = time.time_ns() // 1000 if self.capture is not None else 0
         try:
             with self.lock:
                 native.burst(port.number)
         finally:
             native.flush()
+            if self.capture is not None:
+                self._write_captured(began_us)
         if native.errors != self._native_errors:  # a broken table entry cost those frames
             self.errors += native.errors - self._native_errors
             self._native_errors = native.errors
@@ -165,5 +193,7 @@ class DataPlane:
             self._thread.join(timeout=5)
         for port in self.ports.values():
             port.close()
+        if self.capture is not None:
+            self.capture.close()
         os.close(self._wake_r)
         os.close(self._wake_w)

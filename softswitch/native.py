@@ -17,7 +17,7 @@ from types import ModuleType
 
 from lhc_ina import constants as c
 from lhc_ina import wire
-from softswitch import program
+from softswitch import capture, program
 from softswitch.pipeline import DROP_PORT, RX_BYTES, Pipeline
 from softswitch.ports import MAX_PORT, Port, RawPort, UdpPort
 
@@ -137,6 +137,11 @@ class NativePipeline:
             self.engine.attach_raw(port.number, port.fileno())
         else:
             raise TypeError(f"cannot attach {port!r}")
+
+    def set_capture(self, records: list[tuple[int, int, bytes]]) -> None:
+        """From now on every burst appends ``(direction, port, frame)`` to ``records`` for each frame it
+        receives and each frame it queues on a port (``softswitch.capture``)."""
+        self.engine.set_capture(records, capture.INBOUND, capture.OUTBOUND)
 
     @property
     def errors(self) -> int:

@@ -222,15 +222,17 @@ class UdpPort:
         _U16.pack_into(rx, UDP_LEN, c.UDP_BYTES + size)
         return FRAME_LHC + size
 
-    def send(self, frame: memoryview) -> None:
-        """A frame leaving this port: its UDP payload goes to (ipv4.dst, udp.dst) at the next ``flush``."""
+    def send(self, frame: memoryview) -> bool:
+        """A frame leaving this port: its UDP payload goes to (ipv4.dst, udp.dst) at the next ``flush``.
+        False when the frame cannot leave (not IPv4/UDP) and is dropped."""
         if len(frame) < FRAME_LHC or _U16.unpack_from(frame, ETH_TYPE)[0] != c.ETHERTYPE_IPV4 \
                 or frame[FRAME_IPV4] != IPV4_VERSION_IHL or frame[IP_PROTO] != c.IP_PROTO_UDP:
             self.dropped_non_udp += 1
             log.debug("port %d: dropped a frame that is not IPv4/UDP (UDP ports carry only UDP)", self.number)
-            return
+            return False
         self._queued.append(bytes(frame[FRAME_LHC:]))
         self._destinations.append(bytes(frame[IP_DST]) + bytes(frame[UDP_DPORT]))
+        return True
 
     def flush(self) -> None:
         """Send the queued datagrams, in order; one the kernel refuses (a full socket buffer, an
@@ -289,12 +291,14 @@ class RawPort:
             return -1
         return 0 if address[2] == _PACKET_OUTGOING else size
 
-    def send(self, frame: memoryview) -> None:
+    def send(self, frame: memoryview) -> bool:
+        """Send the frame now; True: it was handed to the socket (a refused send is counted, as lost)."""
         try:
             self.sock.send(frame)
         except OSError as exc:
             self.send_errors += 1
             log.debug("port %d: send failed: %s", self.number, exc)
+        return True
 
     def flush(self) -> None:
         """Nothing is queued: a raw port sends each frame as it leaves (a veth's frames are few)."""

@@ -21,6 +21,7 @@ def test_missing_tools_and_privileges_give_reasons(monkeypatch: pytest.MonkeyPat
     assert "bf-p4c" in conftest._missing("bf_p4c")
     assert "simple_switch_grpc" in conftest._missing("bmv2")
     assert "make system-deps" in conftest._missing("mininet")
+    assert "tshark" in conftest._missing("tshark")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert "root" in conftest._missing("root")
     monkeypatch.setattr(os, "geteuid", lambda: 0)

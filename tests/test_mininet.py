@@ -12,6 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from lhc_ina import constants as c
+from lhc_ina.wire import FRAME_END, FRAME_LHC, LhcHeader
+from softswitch.capture import INBOUND
+from tests.harness.pcapng import read_frames, read_pcap
+
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = [("/usr/bin/python3"), str(REPO / "mininet" / "run.py"), "--python", sys.executable]
 pytestmark = [pytest.mark.root, pytest.mark.mininet, pytest.mark.slow]
@@ -29,14 +34,22 @@ def leftovers() -> list[str]:
 
 
 def test_a_minimal_emulation_trains_exactly_under_loss(tmp_path: Path) -> None:
+    pcap = tmp_path / "pcap"
     done = subprocess.run([*RUNNER, "--workers", "2", "--steps", "3", "--bw", "0", "--loss", "1",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                           "--out", str(tmp_path), "--pcap", str(pcap)], capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["losses_match"] is True
     assert summary["loss_percent"] == 1
     assert sum(summary["dropped_frames"].values()) > 0, "the loss rules dropped nothing"
     assert leftovers() == []
+    # --pcap: each host's interface saw its own DATA leave and results arrive; the switch saw DATA come in.
+    for index in (1, 2):
+        types = {LhcHeader.unpack(frame[FRAME_LHC:]).msg_type for frame in read_pcap(pcap / f"h{index}.pcap")}
+        assert {c.MsgType.DATA, c.MsgType.RESULT} <= types, index
+    switch = read_frames(pcap / "switch.pcapng")
+    assert any(frame.direction == INBOUND and len(frame.data) == FRAME_END for frame in switch)
 
 
 def test_an_interrupted_run_leaves_nothing(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -21,8 +22,11 @@ from lhc_ina import constants as c
 from lhc_ina import wire
 from lhc_ina.p4info import P4InfoIndex
 from ptf_tests import veth as veth_pairs
+from softswitch.capture import INBOUND, OUTBOUND
 from softswitch.cli import READY
+from softswitch.native import native_available
 from softswitch.testing import data_frame, job_updates, make_job
+from tests.harness.pcapng import read_frames
 
 pytestmark = pytest.mark.root
 INDEX = P4InfoIndex.from_file()
@@ -57,11 +61,16 @@ def _frames(sock: socket.socket, seconds: float) -> list[bytes]:
     return out
 
 
-def test_lhc_over_veths_and_no_reread_of_own_output(veths):
+@pytest.mark.parametrize("pipeline", [pytest.param("python"), pytest.param("native", marks=pytest.mark.skipif(
+    not native_available(), reason="the native pipeline is not built"))])
+def test_lhc_over_veths_and_no_reread_of_own_output(veths, pipeline: str, tmp_path: Path):
+    """Also --pcap on AF_PACKET ports: the frames as they were on the wire, each on its port and way."""
     (h1, s1), (h2, s2) = veths
+    capture = tmp_path / "switch.pcapng"
     proc = subprocess.Popen(
         [sys.executable, "-m", "softswitch.cli", "--grpc-addr", "127.0.0.1:0", "--port", f"1@{s1}",
-         "--port", f"2@{s2}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         "--port", f"2@{s2}", "--pipeline", pipeline, "--pcap", str(capture)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
         line = proc.stdout.readline()
@@ -77,8 +86,9 @@ def test_lhc_over_veths_and_no_reread_of_own_output(veths):
         stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(INDEX, job)))
         in1, in2 = _raw(h1), _raw(h2)
         a, b = np.arange(c.LANES, dtype=np.uint32), np.full(c.LANES, 7, np.uint32)
-        in1.send(data_frame(job, 0, a))
-        in2.send(data_frame(job, 1, b))
+        sent = [data_frame(job, 0, a), data_frame(job, 1, b)]
+        in1.send(sent[0])
+        in2.send(sent[1])
         got1, got2 = _frames(in1, 1.0), _frames(in2, 1.0)
         assert len(got1) == len(got2) == 1
         for frame, worker in ((got1[0], job.workers[0]), (got2[0], job.workers[1])):
@@ -97,3 +107,6 @@ def test_lhc_over_veths_and_no_reread_of_own_output(veths):
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+    recorded = [(frame.interface, frame.direction, frame.data) for frame in read_frames(capture)]
+    assert sorted(recorded[:2]) == [(f"1@{s1}", INBOUND, sent[0]), (f"2@{s2}", INBOUND, sent[1])]
+    assert recorded[2:] == [(f"1@{s1}", OUTBOUND, got1[0]), (f"2@{s2}", OUTBOUND, got2[0])]
