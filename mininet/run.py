@@ -186,10 +186,12 @@ def _operator_token(scratch: Path) -> Path:
 def create_job(args: argparse.Namespace, controller: str, scratch: Path, job: str) -> Path:
     """Create ``job`` with the operator's token; the file that holds its credential, for its workers."""
     credential = scratch / f"{job}.credential"
-    subprocess.run([args.python, "-m", "controller.cli", "--controller", controller, "--token-file",
-                    str(_operator_token(scratch)), "job", "create", job, "--workers", str(args.workers),
-                    "--credential-file", str(credential)],
-                   check=True, capture_output=True, text=True, cwd=REPO, env=_env())
+    done = subprocess.run([args.python, "-m", "controller.cli", "--controller", controller, "--token-file",
+                           str(_operator_token(scratch)), "job", "create", job, "--workers", str(args.workers),
+                           "--credential-file", str(credential)],
+                          capture_output=True, text=True, cwd=REPO, env=_env())
+    if done.returncode != 0:
+        raise RuntimeError(f"the controller refused job {job}: {done.stderr.strip()[-2000:]}")
     return credential
 
 
@@ -291,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             controller = start_controller(args, grpc, cluster.write_topology(scratch / "topo.json"), scratch,
                                           procs)
             extra = {"workers": args.workers, "bw_mbit": args.bw, "loss_percent": args.loss,
-                     "switch": args.switch}
+                     "loss_model": topo.LOSS_MODEL if args.loss else None, "switch": args.switch}
             if args.workload == "train":
                 runs = run_training(args, cluster, controller, scratch, procs)
                 if args.loss:

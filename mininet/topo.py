@@ -126,6 +126,10 @@ def _static_neighbours(cluster: Cluster) -> None:
 
 # --- loss ----------------------------------------------------------------------------------------------
 _LOSS_TABLE = "lhc_loss"
+#: What --loss applies, as the run's JSON reports it: losses come whole per packet the hook sees.
+LOSS_MODEL = ("nftables numgen drops at every host's interface, both ways (netdev ingress and egress); the "
+              "egress hook sees a worker's UDP GSO send (up to UDP_GSO_SEGMENTS datagrams) as one packet and "
+              "drops it whole, while results reach the host as single frames and are dropped one by one")
 
 
 def in_host(host: Host, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
