@@ -6,7 +6,8 @@
  *     Binds a softswitch.pipeline.Pipeline: its numpy registers and counters through the buffer protocol
  *     (held for the engine's life; Pipeline.reset fills them in place), its tables and PRE by reference.
  *     `layout` is the dict softswitch/native.py builds from the project's constants (every offset, width
- *     and code); `actions` maps set_job, admit_worker, route, set_port, set_replica_dst to P4Info names.
+ *     and code); `actions` maps set_job, admit_worker, set_uplink, route, set_port, set_replica_dst to
+ *     P4Info names.
  * inject(frame, ingress_port) -> [(port, bytes), ...]
  *     One frame through the pipeline, every copy it sends (Pipeline.inject's contract); for tests.
  * attach_udp(number, fd, template) / attach_raw(number, fd)
@@ -17,7 +18,8 @@
  * flush()
  *     Every port's queue out with one sendmmsg each (call it outside the lock).
  *
- * Files: _dataplane_pipeline.c (the v1model program), _dataplane_tables.c (table lookups),
+ * Files: _dataplane_pipeline.c (the v1model program), _dataplane_slots.c (its @atomic block),
+ * _dataplane_tables.c (table lookups),
  * _dataplane_io.c (ports, bursts), _dataplane_gso.c (UDP GSO sends), this one (the type).
  */
 #include "_dataplane.h"
@@ -83,6 +85,7 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs)
     e->pipeline = Py_NewRef(pipeline);
     struct { PyObject **slot; PyObject *owner; const char *name; int by_key; } want[] = {
         {&e->jobs_table, pipeline, "jobs", 0}, {&e->workers_table, pipeline, "workers", 0},
+        {&e->uplinks_table, pipeline, "uplinks", 0}, {&e->name_set_uplink, actions, "set_uplink", 1},
         {&e->l2_table, pipeline, "l2_forward", 0}, {&e->replicas_table, pipeline, "replicas", 0},
         {&e->lpm_table, pipeline, "ipv4_routes", 0}, {&e->pre, pipeline, "pre", 0},
         {&e->name_set_job, actions, "set_job", 1}, {&e->name_admit_worker, actions, "admit_worker", 1},
@@ -131,7 +134,8 @@ static void engine_dealloc(Engine *e)
     Py_CLEAR(e->pipeline); Py_CLEAR(e->jobs_table); Py_CLEAR(e->workers_table); Py_CLEAR(e->l2_table);
     Py_CLEAR(e->replicas_table); Py_CLEAR(e->lpm_table); Py_CLEAR(e->pre); Py_CLEAR(e->name_set_job);
     Py_CLEAR(e->name_admit_worker); Py_CLEAR(e->name_route); Py_CLEAR(e->name_set_port);
-    Py_CLEAR(e->name_set_replica_dst); Py_CLEAR(e->last_error);
+    Py_CLEAR(e->name_set_replica_dst); Py_CLEAR(e->uplinks_table); Py_CLEAR(e->name_set_uplink);
+    Py_CLEAR(e->last_error);
     io_free(e);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
