@@ -47,7 +47,8 @@ setup(
             "softswitch._dataplane",
             [
                 "softswitch/_dataplane.c", "softswitch/_dataplane_pipeline.c", "softswitch/_dataplane_io.c",
-                "softswitch/_dataplane_gso.c", "softswitch/_dataplane_tables.c", "softswitch/_dataplane_slots.c",
+                "softswitch/_dataplane_gso.c", "softswitch/_dataplane_tables.c",
+                "softswitch/_dataplane_slots.c",
             ],
             depends=["softswitch/_dataplane.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
