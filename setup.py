@@ -53,7 +53,7 @@ setup(
             "softswitch._dataplane",
             [
                 "softswitch/_dataplane.c", "softswitch/_dataplane_pipeline.c", "softswitch/_dataplane_io.c",
-                "softswitch/_dataplane_tables.c", UDP_BATCH,
+                "softswitch/_dataplane_tables.c", "softswitch/_dataplane_slots.c", UDP_BATCH,
             ],
             depends=["softswitch/_dataplane.h", UDP_BATCH_H],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],

@@ -17,6 +17,11 @@ loses them in runs of B (the loss rate still P), as an interface or a queue drop
 Every row says its loss model (``loss``, ``loss_burst``); the lossy rows carry ``time_vs_lossless`` (the
 mode's time over its lossless time) and the retransmissions by kind (``fast_retransmissions`` found from
 the results, ``timer_retransmissions`` by a timer). ``--engine`` picks the agents' packet engine.
+
+``--topology leafspine`` runs every lhc mode once more, in the same run, over two leaves and a spine
+(``controller.processes.FabricProcesses``: three softswitch processes on loopback, W/2 workers under each
+leaf, one controller driving all three); those rows carry ``topology: leafspine`` and
+``seconds_vs_single_switch`` (their time over the same mode's through one switch, at the same W and loss).
 """
 
 from __future__ import annotations
@@ -94,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run mode auto through a softswitch on its Python pipeline with agents on "
                              "the Python engine (row auto-python-path; the auto row gains "
                              "speedup_vs_python_path)")
+    parser.add_argument("--topology", choices=("single", "leafspine"), default="single",
+                        help="leafspine: also run every lhc mode over two leaves of W/2 workers and a spine "
+                             "(rows gain seconds_vs_single_switch; default %(default)s)")
     parser.add_argument("--controller", help="use this running controller instead of starting one")
     parser.add_argument("--json", action="store_true", help="JSON lines only (no progress bar)")
     parser.add_argument("--plot", type=Path, help="write speedup against density to this PNG")
@@ -101,9 +109,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_pass(args: argparse.Namespace, controller: str, client: Any, density: float, index: int,
               scratch: Path, loss: float, modes: list[str] | None = None, engine: str | None = None,
-              gloo: bool = True, burst: int = 1) -> list[dict]:
+              gloo: bool = True, burst: int = 1, ips: list[str] | None = None) -> list[dict]:
     """One job of W workers through every mode at ``loss`` (in runs of ``burst``); the Gloo row too in a
-    lossless pass."""
+    lossless pass. ``ips``: each worker's address (a fabric places a worker by its host's)."""
     job = f"bench-{index}-{density}-{loss}-{burst}-{engine}"
     client.create_job(job, workers=args.workers)
     argv = [sys.executable, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job", job,
@@ -115,8 +123,8 @@ def _run_pass(args: argparse.Namespace, controller: str, client: Any, density: f
     if loss == 0 and gloo:
         # Gloo's rendezvous through a file no other run uses: no port to pick; its data still goes over TCP
         argv += ["--gloo-init", (scratch / f"gloo-{index}").as_uri()]
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(args.workers)]
+    procs = [subprocess.Popen(argv + (["--ip", ips[i]] if ips else []), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(args.workers)]
     try:
         outputs = [proc.communicate(timeout=1800) for proc in procs]
     finally:
@@ -170,6 +178,24 @@ def _python_path_rows(args: argparse.Namespace, density: float, index: int, scra
     native = next(r for r in results if r["mode"] == "auto" and r["density"] == density and r["loss"] == 0)
     native["speedup_vs_python_path"] = row["seconds"] / native["seconds"]
     return [row]
+
+
+def _leafspine_rows(args: argparse.Namespace, fabric: Any, controller: Any, density: float, index: int,
+                    scratch: Path, single: list[dict]) -> list[dict]:
+    """Every lhc mode over the leaf/spine fabric (W/2 workers under each leaf), at each loss of the
+    single-switch rows (and loss model), each row against the same mode's time through one switch."""
+    ips = [fabric.host_ips[rank * len(fabric.host_ips) // args.workers] for rank in range(args.workers)]
+    rows = []
+    for loss, burst in sorted({(row["loss"], row["loss_burst"]) for row in single}):
+        baseline = {row["mode"]: row for row in single if (row["loss"], row["loss_burst"]) == (loss, burst)}
+        passed = _run_pass(args, controller.listen, controller.client, density, index, scratch, loss,
+                           gloo=False, burst=burst, ips=ips)
+        gloo_s = next(r["seconds"] for r in single if r["mode"] == "gloo")  # the lossless pass's
+        for row in _summarize(args, density, passed, loss, gloo_s, burst=burst):
+            row.update(topology="leafspine",
+                       seconds_vs_single_switch=row["seconds"] / baseline[row["mode"]]["seconds"])
+            rows.append(row)
+    return rows
 
 
 def _largest(ranks: list[dict], key: str) -> float | None:
@@ -254,10 +280,11 @@ def _plot(results: list[dict], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.processes import ControllerProcess, SoftswitchProcess
+    from controller.processes import ControllerProcess, FabricProcesses, SoftswitchProcess
     from lhc_ina.jobservice.client import JobClient
 
     results: list[dict] = []
+    fabric = fabric_controller = None
     with contextlib.ExitStack() as stack:
         if args.controller:
             address, client = args.controller, stack.enter_context(JobClient(args.controller))
@@ -267,10 +294,19 @@ def run(args: argparse.Namespace) -> int:
             controller = stack.enter_context(ControllerProcess(switch, state))
             address, client = controller.listen, controller.client
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lhc-bench-gloo-")))
+        if args.topology == "leafspine":
+            fabric_state = scratch / "fabric"
+            fabric = stack.enter_context(FabricProcesses(2, fabric_state))
+            fabric_controller = stack.enter_context(ControllerProcess(fabric, fabric_state))
+            fabric_controller.wait_for_switch()
         for index, density in enumerate(tqdm(args.density, desc="densities", disable=args.json)):
             rows = _run_density(args, address, client, density, index, scratch)
             if args.python_path:
                 rows += _python_path_rows(args, density, index, scratch, rows)
+            if fabric is not None:
+                for row in rows:
+                    row.setdefault("topology", "single")
+                rows += _leafspine_rows(args, fabric, fabric_controller, density, index, scratch, rows)
             for row in rows:
                 results.append(row)
                 print(json.dumps(row), flush=True)

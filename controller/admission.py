@@ -11,9 +11,11 @@ import ipaddress
 from dataclasses import replace
 
 from controller.records import JobRecord, MemberRecord
+from controller.spans import check_reach, fabric_job, member_switches
 from controller.targets import Target
 from controller.topology import Topology
 from lhc_ina import constants as c
+from lhc_ina.fabric import fabric_layouts
 from lhc_ina.jobs import InvalidJob, validate
 from lhc_ina.jobservice import errors
 
@@ -51,9 +53,12 @@ def check_hosts(name: str, workers: int, hosts: list[str], topology: Topology | 
     if len(set(hosts)) != len(hosts) or not all(h and "," not in h for h in hosts):
         raise errors.invalid(f"job {name!r}: hosts {hosts} must be distinct non-empty names without commas")
     if topology is not None:
-        for host in hosts:
-            topology.host(host)  # unknown: INVALID_ARGUMENT naming it
+        placed = [replace(_UNPLACED, rank=i, switch=topology.host(h).switch) for i, h in enumerate(hosts)]
+        check_reach(name, placed, topology)  # an unknown host: INVALID_ARGUMENT naming it
     return tuple(hosts)
+
+
+_UNPLACED = MemberRecord(0, "", "0.0.0.0", 1, "", 0)
 
 
 def default_mac(ip: str) -> str:
@@ -71,15 +76,28 @@ def resolve_member(
     topology: Topology | None,
     default_port: int | None,
 ) -> MemberRecord:
-    """A joining worker's endpoint, from the topology (``host``) or from the request itself."""
-    if host:
+    """A joining worker's endpoint, from the topology (``host``) or from the request itself. In a fabric
+    topology a worker joining by address must be one of its hosts (its ip), so that its leaf is known."""
+    switch = ""
+    placed = host
+    if not host and topology is not None and topology.fabric:
+        at = topology.host_at(ip)
+        if at is None:
+            known = ", ".join(f"{h.name} {h.ip}" for h in topology.hosts.values()) or "none"
+            raise errors.invalid(
+                f"worker {ip}:{udp_port} is no host of the topology, so no leaf is known to reach it "
+                f"(hosts: {known})"
+            )
+        placed = at.name
+    if placed:
         if topology is None:
             raise errors.invalid(
                 f"worker joins as topology host {host!r}, but the controller has no topology"
             )
-        known = topology.host(host)
+        known = topology.host(placed)
         ip, mac = ip or known.ip, mac or known.mac
         switch_port = known.port if switch_port < 0 else switch_port
+        switch = known.switch if topology.fabric else ""
     try:
         ip = str(ipaddress.IPv4Address(ip))
     except ValueError:
@@ -94,19 +112,34 @@ def resolve_member(
             )
         switch_port = default_port
     return MemberRecord(
-        0, name or host or f"{ip}:{udp_port}", ip, udp_port, mac or default_mac(ip), switch_port
+        0, name or host or f"{ip}:{udp_port}", ip, udp_port, mac or default_mac(ip), switch_port,
+        switch=switch,
     )
 
 
-def check_member(job: JobRecord, member: MemberRecord, target: Target) -> None:
-    """The job with ``member`` (at its rank) added must still be one the switch can run exactly
-    (lhc_ina.jobs.validate), and on Tofino all its workers must share one pipe."""
+def check_member(
+    job: JobRecord, member: MemberRecord, target: Target, topology: Topology | None = None
+) -> None:
+    """The job with ``member`` (at its rank) added must still be one the switches can run exactly
+    (lhc_ina.jobs.validate, on each switch when its workers sit under several leaves), the topology must
+    reach its workers together, and on Tofino all its workers must share one pipe of one switch."""
     members = sorted((*job.members, member), key=lambda m: m.rank)
     # validate() wants ranks 0..n-1; a job still filling may have holes, and what it checks here (addresses,
     # MACs, ports, duplicates) does not depend on the rank, so the trial numbers the members densely.
     trial = replace(job, members=tuple(replace(m, rank=i) for i, m in enumerate(members)))
+    check_reach(job.name, members, topology)
+    if len(member_switches(members)) > 1 and target.name == "tofino":
+        raise errors.invalid(
+            f"job {job.name!r}: worker {member.address} sits under {member.switch}, the others under "
+            f"{member_switches(job.members)}: a two-level job is not built for Tofino (docs/tofino.md)"
+        )
     try:
-        validate(replace(trial.layout(), fan_in=len(members)))
+        if len(member_switches(members)) > 1:
+            assert topology is not None
+            for layout in fabric_layouts(fabric_job(trial, topology)).values():
+                validate(layout)
+        else:
+            validate(replace(trial.layout(), fan_in=len(members)))
     except InvalidJob as exc:
         raise errors.invalid(f"job {job.name!r}: {exc}") from None
     pipes = {target.pipe_of(m.switch_port) for m in members}

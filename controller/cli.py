@@ -125,7 +125,10 @@ def _show(info: pb.JobInfo) -> str:
     ]
     if info.failure:
         lines.append(f"failure: {info.failure}")
-    rows = [["RANK", "NAME", "ADDRESS", "MAC", "PORT", "HEARTBEAT"]]
+    fabric = len(info.switches) > 1 or any(m.switch not in ("", "switch") for m in info.members)
+    if info.switches and fabric:
+        lines.append(f"switches: {', '.join(info.switches)}")
+    rows = [["RANK", "NAME", "ADDRESS", "MAC", "PORT", "HEARTBEAT"] + (["SWITCH"] if fabric else [])]
     for m in info.members:
         age = "left" if m.left else f"{m.last_heartbeat_age_s:.1f} s ago"
         rows.append(
@@ -137,12 +140,38 @@ def _show(info: pb.JobInfo) -> str:
                 str(m.address.switch_port),
                 age,
             ]
+            + ([m.switch] if fabric else [])
         )
     lines.append(_table(rows))
     if info.counters:
         nonzero = ", ".join(f"{k.lower()}={v}" for k, v in sorted(info.counters.items()) if v)
         lines.append(f"switch counters: {nonzero or 'all zero'}")
+    for per_switch in info.switch_counters if len(info.switch_counters) > 1 else ():
+        nonzero = ", ".join(f"{k.lower()}={v}" for k, v in sorted(per_switch.counters.items()) if v)
+        lines.append(f"  {per_switch.switch}: {nonzero or 'all zero'}")
     return "\n".join(lines)
+
+
+def _switch_text(s: pb.SwitchStatusReply) -> str:
+    """One switch as before; a fabric as a line for the whole, then a table row per switch."""
+    if len(s.switches) <= 1:
+        return (
+            f"switch {s.address} ({s.target}): {'connected' if s.connected else 'not connected'}, "
+            f"{'primary' if s.primary else 'not primary'}, election id {s.election_id}\n"
+            f"state: {s.state}\nreconciles {s.reconciles}, updates written {s.updates_written}, "
+            f"slots free {s.slots_free}/{s.slots_total}, data plane {s.dataplane}"
+            + (f"\nlast error: {s.last_error}" if s.last_error else "")
+        )
+    rows = [["SWITCH", "ROLE", "P4RUNTIME", "DATA PLANE", "CONNECTED", "PRIMARY", "RECONCILES", "UPDATES",
+             "STATE"]]
+    for e in s.switches:
+        rows.append([e.name, e.role, e.address, e.dataplane, "yes" if e.connected else "no",
+                     "yes" if e.primary else "no", str(e.reconciles), str(e.updates_written), e.state])
+    errors = [f"{e.name}: {e.last_error}" for e in s.switches if e.last_error]
+    return (
+        f"{s.state} ({s.target}), election id {s.election_id}, slots free {s.slots_free}/{s.slots_total}\n"
+        + _table(rows) + "".join(f"\nlast error of {line}" for line in errors)
+    )
 
 
 def _print(args: argparse.Namespace, message, text: str) -> None:
@@ -174,15 +203,8 @@ def run_client(args: argparse.Namespace) -> int:
     with JobClient(args.controller, token=token, tls=tls.from_args(args, "client_tls")) as client:
         if args.command == "switch":
             s = client.switch_status()
-            text = (
-                f"switch {s.address} ({s.target}): {'connected' if s.connected else 'not connected'}, "
-                f"{'primary' if s.primary else 'not primary'}, election id {s.election_id}\n"
-                f"state: {s.state}\nreconciles {s.reconciles}, updates written {s.updates_written}, "
-                f"slots free {s.slots_free}/{s.slots_total}, data plane {s.dataplane}"
-                + (f"\nlast error: {s.last_error}" if s.last_error else "")
-            )
-            _print(args, s, text)
-            healthy = s.connected and s.primary and "mismatch" not in s.state
+            _print(args, s, _switch_text(s))
+            healthy = all(e.connected and e.primary and "mismatch" not in e.state for e in s.switches or [s])
             return 0 if healthy else SWITCH_UNHEALTHY
         elif args.action == "create":
             info = client.create_job(

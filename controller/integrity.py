@@ -6,13 +6,16 @@ from __future__ import annotations
 from controller.records import JobState
 from controller.slots import SlotPool, SlotPoolError, SlotRange
 from controller.store import JobStore
+from controller.topology import SINGLE, Topology
 from lhc_ina import constants as c
 
 
-def store_problems(store: JobStore) -> list[str]:
+def store_problems(store: JobStore, topology: Topology | None = None) -> list[str]:
     """Every broken invariant, as sentences; empty for a consistent store. Ranks are distinct and below
-    W (a pending job may have holes left by workers who left before it started)."""
+    W (a pending job may have holes left by workers who left before it started). With a topology, every
+    member sits under one of its switches (a topology that lost a leaf with workers on it is refused)."""
     problems = []
+    switches = set(topology.switches) if topology is not None and topology.fabric else {SINGLE}
     jobs = store.jobs()
     pool = SlotPool(c.MAX_SLOTS)
     for job in sorted(jobs, key=lambda j: j.slot_base):
@@ -35,6 +38,9 @@ def store_problems(store: JobStore) -> list[str]:
             problems.append(f"job {job.name!r} is ACTIVE with {len(ranks)} of {job.workers} workers")
         if job.state is JobState.PENDING and full:
             problems.append(f"job {job.name!r} is PENDING with all its workers")
+        lost = sorted({m.switch or SINGLE for m in job.members} - switches)
+        if lost:
+            problems.append(f"job {job.name!r} has workers under {lost}, which the topology has not")
         if job.state is JobState.FAILED and not job.failure:
             problems.append(f"job {job.name!r} FAILED without a reason")
     return problems

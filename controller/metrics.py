@@ -12,33 +12,33 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from controller.session import SwitchSession
+from controller.sessions import Sessions
 from controller.store import JobStore
 from lhc_ina import constants as c
 
 
 class ControllerCollector(Collector):
-    def __init__(self, store: JobStore, session: SwitchSession) -> None:
+    def __init__(self, store: JobStore, sessions: Sessions) -> None:
         self.store = store
-        self.session = session
+        self.sessions = sessions
 
     def collect(self) -> Iterator:
-        s = self.session.status
-        labels = [self.session.address]
-        for name, value, text in (
-            ("lhc_switch_connected", s.connected, "1 while the P4Runtime stream is up"),
-            ("lhc_switch_primary", s.primary, "1 while this controller is the switch's primary"),
+        for name, attribute, text in (
+            ("lhc_switch_connected", "connected", "1 while the P4Runtime stream is up"),
+            ("lhc_switch_primary", "primary", "1 while this controller is the switch's primary"),
         ):
             gauge = GaugeMetricFamily(name, text, labels=["switch"])
-            gauge.add_metric(labels, float(value))
+            for session in self.sessions.all:
+                gauge.add_metric([session.address], float(getattr(session.status, attribute)))
             yield gauge
-        for name, value, text in (
-            ("lhc_switch_primary_changes", s.primary_changes, "arbitration updates received"),
-            ("lhc_switch_reconciles", s.reconciles, "reconcile passes"),
-            ("lhc_switch_updates_written", s.updates_written, "P4Runtime updates written"),
+        for name, attribute, text in (
+            ("lhc_switch_primary_changes", "primary_changes", "arbitration updates received"),
+            ("lhc_switch_reconciles", "reconciles", "reconcile passes"),
+            ("lhc_switch_updates_written", "updates_written", "P4Runtime updates written"),
         ):
             counter = CounterMetricFamily(name, text, labels=["switch"])
-            counter.add_metric(labels, value)
+            for session in self.sessions.all:
+                counter.add_metric([session.address], getattr(session.status, attribute))
             yield counter
         jobs = self.store.jobs()
         members = GaugeMetricFamily("lhc_job_members", "workers joined and not left", labels=["job"])
@@ -49,22 +49,25 @@ class ControllerCollector(Collector):
         packets = CounterMetricFamily(
             "lhc_job_packets", "lhc packets at the switch by outcome", labels=["job", "outcome"]
         )
-        rows = self.session.read_counters() or {}
+        # Per switch (a fabric: a job's row is the same index on every switch); a job's counts are summed
+        # over the switches that answer.
+        every = [rows for rows in (s.read_counters() for s in self.sessions.all) if rows is not None]
         for job in jobs:
             members.add_metric([job.name], sum(not m.left for m in job.members))
             epoch.add_metric([job.name], job.epoch)
             changes.add_metric([job.name], job.epoch_changes)
-            row = rows.get(job.job_index)
-            if row is not None:
+            found = [rows[job.job_index] for rows in every if job.job_index in rows]
+            if found:
                 for stat in c.Stat:
-                    packets.add_metric([job.name, stat.name.lower()], row[stat])
-        if 0 in rows:
+                    packets.add_metric([job.name, stat.name.lower()], sum(row[stat] for row in found))
+        idle = [rows[0] for rows in every if 0 in rows]
+        if idle:
             for stat in c.Stat:
-                packets.add_metric(["(no job)", stat.name.lower()], rows[0][stat])
+                packets.add_metric(["(no job)", stat.name.lower()], sum(row[stat] for row in idle))
         yield from (members, epoch, changes, packets)
 
 
-def serve_metrics(address: str, store: JobStore, session: SwitchSession) -> tuple[object, int]:
+def serve_metrics(address: str, store: JobStore, session: Sessions) -> tuple[object, int]:
     """Start the HTTP exporter on HOST:PORT (port 0 picks one); returns (server, bound port)."""
     host, _, port = address.rpartition(":")
     registry = CollectorRegistry()

@@ -8,10 +8,20 @@ the caller's environment are not passed on, so a shell set up for a real network
 
     with SoftswitchProcess() as switch, ControllerProcess(switch, state_dir) as ctl:
         ctl.client.create_job("j", workers=2) ...
+
+A leaf/spine fabric (``FabricProcesses``) is one softswitch process per switch, each with its gRPC port
+and one UDP port on its own loopback address: a leaf's port 1 serves its workers and its link to the
+spine alike (a leaf's uplink address must be the one its workers send to, and a UDP port's datagrams
+leave from its own address), and the spine's port 1 serves every leaf, so each leaf-spine link is the
+pair of UDP sockets (leaf, spine). The controller gets the fabric's topology file:
+
+    with FabricProcesses(leaves=2, state_dir) as fabric, ControllerProcess(fabric, state_dir) as ctl:
+        Agent.join(ctl.listen, "j", ip=fabric.host_ips[0]) ...   # a worker under leaf 0
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -22,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 
+from controller.admission import default_mac
 from controller.server import READY as CONTROLLER_READY
 from lhc_ina import constants as c
 from lhc_ina.jobservice.client import TOKEN_FILE_ENV, JobClient
@@ -140,22 +151,84 @@ def free_tcp_port() -> int:
         return sock.getsockname()[1]
 
 
+class FabricProcesses:
+    """A spine and ``leaves`` leaves, each an ``lhc-softswitch`` process on its own loopback address (each
+    started on a fresh random address until its lhc port is free), and the topology that describes them,
+    written to ``topology_path``: leaf ``i`` is ``leaf{i}``, its host ``h{i}`` at ``host_ips[i]`` (every
+    worker under leaf ``i`` binds that address: the controller places a worker by its host's address)."""
+
+    target = "softswitch"
+
+    def __init__(self, leaves: int, state_dir: Path, pipeline: str | None = None) -> None:
+        self.spine = SoftswitchProcess(pipeline=pipeline)
+        self.leaves: list[SoftswitchProcess] = []
+        try:
+            for _ in range(leaves):
+                self.leaves.append(SoftswitchProcess(pipeline=pipeline))
+        except BaseException:
+            self.terminate()
+            raise
+        used = {self.spine.host, *(leaf.host for leaf in self.leaves)}
+        self.host_ips: list[str] = []
+        while len(self.host_ips) < leaves:
+            ip = _random_loopback()
+            if ip not in used:
+                used.add(ip)
+                self.host_ips.append(ip)
+        self.topology_path = Path(state_dir) / "fabric-topology.json"
+        self.topology_path.parent.mkdir(parents=True, exist_ok=True)
+        self.topology_path.write_text(json.dumps(self.topology(), indent=1))
+
+    @property
+    def switches(self) -> dict[str, SoftswitchProcess]:
+        return {"spine": self.spine, **{f"leaf{i}": leaf for i, leaf in enumerate(self.leaves)}}
+
+    def topology(self) -> dict:
+        def switch(name: str, role: str, process: SoftswitchProcess) -> dict:
+            return {"name": name, "role": role, "p4runtime": process.grpc_addr, "ip": process.host,
+                    "mac": default_mac(process.host), "udp_port": process.udp_port}
+
+        return {
+            "switches": [switch(name, "spine" if name == "spine" else "leaf", process)
+                         for name, process in self.switches.items()],
+            "links": [{"leaf": f"leaf{i}", "leaf_port": leaf.switch_port,
+                       "spine_port": self.spine.switch_port} for i, leaf in enumerate(self.leaves)],
+            "hosts": [{"name": f"h{i}", "switch": f"leaf{i}", "ip": ip, "mac": default_mac(ip),
+                       "port": self.leaves[i].switch_port} for i, ip in enumerate(self.host_ips)],
+        }
+
+    def terminate(self) -> None:
+        for process in (self.spine, *self.leaves):
+            if process.running():
+                process.terminate()
+
+    def __enter__(self) -> FabricProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.terminate()
+
+
 class ControllerProcess(ChildProcess):
-    """``lhc-controller serve`` against ``switch`` with its state in ``state_dir``; ``client`` talks to it
-    with ``token`` and, given, ``tls`` (whose CA verifies the job service's certificate)."""
+    """``lhc-controller serve`` against ``switch`` (or every switch of a fabric, from its topology) with
+    its state in ``state_dir``; ``client`` talks to it with ``token`` and, given, ``tls`` (whose CA
+    verifies the job service's certificate)."""
 
     def __init__(
         self,
-        switch: SoftswitchProcess,
+        switch: SoftswitchProcess | FabricProcesses,
         state_dir: Path,
         *extra: str,
         election_id: int = 1,
         token: str | None = None,
         tls: TlsConfig | None = None,
     ) -> None:
-        argv = ["controller.cli", "serve", "--switch", switch.grpc_addr, "--target", switch.target,
-                "--listen", "127.0.0.1:0", "--state-dir", str(state_dir), "--dataplane", switch.dataplane,
-                "--election-id", str(election_id), "--log-level", "INFO"]  # fmt: skip
+        argv = ["controller.cli", "serve", "--target", switch.target, "--listen", "127.0.0.1:0",
+                "--state-dir", str(state_dir), "--election-id", str(election_id), "--log-level", "INFO"]
+        if isinstance(switch, FabricProcesses):
+            argv += ["--topology", str(switch.topology_path)]
+        else:
+            argv += ["--switch", switch.grpc_addr, "--dataplane", switch.dataplane]
         if switch.target == "bmv2":
             argv += ["--device-config", str(switch.device_config)]
         fields = self._spawn([*argv, *extra], CONTROLLER_READY)

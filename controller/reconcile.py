@@ -19,10 +19,12 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2
 
 from controller.records import JobRecord, JobState
+from controller.spans import job_switch_entries
 from controller.targets import Target
-from controller.topology import Topology
+from controller.topology import SINGLE, Topology
 from lhc_ina import jobs as lj
 from lhc_ina.jobs import MulticastGroupSpec, TableEntrySpec
+from lhc_ina.jobservice.errors import ControllerError
 from lhc_ina.p4rt import EntityBuilder, P4RuntimeClient, decode_table_entry
 
 log = logging.getLogger("lhc-controller.reconcile")
@@ -30,6 +32,7 @@ log = logging.getLogger("lhc-controller.reconcile")
 #: The tables the controller owns, in the order a removal clears them.
 MANAGED_TABLES = (
     lj.JOBS_TABLE,
+    lj.UPLINKS_TABLE,
     lj.WORKERS_TABLE,
     lj.REPLICAS_TABLE,
     "LhcIngress.ipv4_routes",
@@ -55,22 +58,27 @@ def normalized_group(group: MulticastGroupSpec) -> MulticastGroupSpec:
     return MulticastGroupSpec(group.group_id, tuple(sorted(group.replicas, key=lambda r: (r[1], r[0]))))
 
 
-def desired_state(jobs: Iterable[JobRecord], topology: Topology | None) -> SwitchState:
-    """What the switch must hold: every ACTIVE job's entries and group, and the topology's forwarding."""
+def desired_state(
+    jobs: Iterable[JobRecord], topology: Topology | None, switch: str = SINGLE
+) -> SwitchState:
+    """What ``switch`` must hold: the entries and group of every ACTIVE job that spans it
+    (``controller.spans``), and the topology's forwarding for it."""
     tables: set[TableEntrySpec] = set()
     groups: set[MulticastGroupSpec] = set()
     for job in jobs:
         if job.state is not JobState.ACTIVE:
             continue
         try:
-            entries = lj.job_entries(job.layout())
-        except lj.InvalidJob as exc:  # admission validated it; a store edited by hand may not be
+            entries = job_switch_entries(job, topology).get(switch)
+        except (lj.InvalidJob, ControllerError) as exc:  # admission checked it; a store edited by hand no
             log.error("job %r is not installed: %s", job.name, exc)
+            continue
+        if entries is None:
             continue
         tables.update(normalized(e) for e in entries.tables)
         groups.add(normalized_group(entries.group))
     if topology is not None:
-        tables.update(normalized(e) for e in topology.forwarding_entries())
+        tables.update(normalized(e) for e in topology.forwarding_entries(switch))
     return SwitchState(frozenset(tables), frozenset(groups))
 
 

@@ -23,6 +23,8 @@ class MemberRecord:
     mac: str
     switch_port: int
     left: bool = False
+    #: The switch the worker sits under (a fabric's leaf; "" or "switch" for the one switch).
+    switch: str = ""
 
     @property
     def address(self) -> str:

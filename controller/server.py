@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import logging
 import re
 import signal
@@ -30,10 +31,10 @@ from controller.integrity import store_problems
 from controller.liveness import Liveness
 from controller.metrics import serve_metrics
 from controller.service import JobService
-from controller.session import SwitchSession
+from controller.sessions import Sessions
 from controller.store import DB_NAME, JobStore, default_state_dir
 from controller.targets import TARGETS, load_target
-from controller.topology import Topology, load_topology
+from controller.topology import Topology, load_topology, parse_topology
 from controller.watches import Changes, WatchLimits
 from lhc_ina import constants as c
 from lhc_ina import tls
@@ -61,7 +62,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir", type=Path, default=None, help=f"where {DB_NAME} lives (default {default_state_dir()})"
     )
-    parser.add_argument("--topology", type=Path, help="topology JSON (hosts and the switch's address)")
+    parser.add_argument("--topology", type=Path,
+                        help="topology JSON: one switch's address and its hosts, or a leaf/spine fabric "
+                        "(switches, links, hosts); kept in the store, which a later start without it uses")
     parser.add_argument(
         "--dataplane",
         metavar="[N@]HOST[:UDPPORT]",
@@ -110,9 +113,21 @@ def parse_dataplane(text: str | None, topology: Topology | None) -> tuple[str, i
         except ValueError:
             raise errors.invalid(f"--dataplane {text!r}: {match.group(2)!r} is not an IPv4 address") from None
         return host, port, int(match.group(1)) if match.group(1) else None
+    if topology is not None and topology.fabric:
+        return "", 0, None  # each worker sends to its own leaf's address (the topology's)
     if topology is not None:
         return topology.switch_ip, topology.switch_udp_port, None
     raise errors.invalid("give --dataplane (the switch's lhc address) or a --topology with a switch")
+
+
+def stored_topology(path: Path | None, store: JobStore) -> Topology | None:
+    """``--topology`` (saved in the store), else the one the store kept from an earlier start, else None."""
+    if path is None:
+        document = store.topology_document()
+        return None if document is None else parse_topology(json.loads(document))
+    topology = load_topology(path)
+    store.save_topology(json.dumps(json.loads(path.read_text()), sort_keys=True))
+    return topology
 
 
 class Controller:
@@ -123,18 +138,26 @@ class Controller:
         token = args.token_file.read_text().strip() if args.token_file else None
         if args.token_file and not token:
             raise errors.invalid(f"--token-file {args.token_file} is empty")
-        self.topology = load_topology(args.topology) if args.topology else None
-        dataplane = parse_dataplane(args.dataplane, self.topology)
+        if args.topology:
+            load_topology(args.topology)  # a broken file is refused before the store is touched
         self.target = load_target(args.target, args.p4info, args.device_config)
         state_dir = args.state_dir or default_state_dir()
         self.store = JobStore(state_dir / DB_NAME)
-        problems = store_problems(self.store)
+        try:
+            self.topology = stored_topology(args.topology, self.store)
+            if self.topology is not None and self.topology.fabric and args.dataplane:
+                raise errors.invalid("--dataplane: a fabric topology gives each switch's lhc address")
+            dataplane = parse_dataplane(args.dataplane, self.topology)
+        except ControllerError:
+            self.store.close()
+            raise
+        problems = store_problems(self.store, self.topology)
         if problems:
             self.store.close()
             raise errors.precondition(f"{self.store.path} is inconsistent: " + "; ".join(problems))
         self.authority = Authority(self.store, token)
         self.changes = Changes()
-        self.session = SwitchSession(
+        self.sessions = Sessions(
             args.switch,
             self.target,
             self.store,
@@ -146,12 +169,12 @@ class Controller:
             tls=self.tls,
         )
         self.liveness = Liveness(
-            self.store, enabled=lambda: self.session.status.primary, on_failed=self._failed,
-            topology=self.topology,
+            self.store, enabled=lambda: any(s.status.primary for s in self.sessions.all),
+            on_failed=self._failed, topology=self.topology,
         )  # fmt: skip
         self.service = JobService(
             self.store,
-            self.session,
+            self.sessions,
             self.liveness,
             self.target,
             self.topology,
@@ -183,22 +206,22 @@ class Controller:
 
     def _failed(self, job_id: int, reason: str) -> None:
         log.warning("job %d failed: %s", job_id, reason)
-        self.session.request_reconcile()
+        self.sessions.request_reconcile()
         self.changes.notify()
 
     def start(self) -> None:
-        self.session.start()
+        self.sessions.start()
         self.liveness.start()
         self.grpc.start()
         if self.metrics_addr:
             self._metrics_server, self.metrics_port = serve_metrics(
-                self.metrics_addr, self.store, self.session
+                self.metrics_addr, self.store, self.sessions
             )
 
     def stop(self) -> None:
         self.grpc.stop(grace=1).wait()
         self.liveness.stop()
-        self.session.stop()
+        self.sessions.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         self.store.close()
@@ -209,9 +232,14 @@ class Controller:
             if self.metrics_port
             else ""
         )
+        switches = ",".join(
+            s.address if s.name == "switch" else f"{s.name}@{s.address}" for s in self.sessions.all
+        )
+        dataplane = "per-leaf" if self.topology is not None and self.topology.fabric else \
+            f"{self.dataplane[0]}:{self.dataplane[1]}"
         return (
-            f"{READY} listen={self.listen} switch={self.session.address} target={self.target.name} "
-            f"election_id={self.session.election_id} dataplane={self.dataplane[0]}:{self.dataplane[1]} "
+            f"{READY} listen={self.listen} switch={switches} target={self.target.name} "
+            f"election_id={self.sessions.all[0].election_id} dataplane={dataplane} "
             f"state={self.store.path}{metrics} tls={tls.mode(self.tls, server=True)} "
             f"switch_tls={tls.mode(self.tls, server=False)} "
             f"auth={'open' if self.authority.open else 'credentials'}"

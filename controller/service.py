@@ -14,16 +14,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-import grpc
-
 from controller import admission, auth, watches
 from controller.auth import Authority, Caller
 from controller.liveness import Liveness
 from controller.records import JobRecord, JobState
-from controller.session import SwitchSession
+from controller.sessions import Sessions
 from controller.store import JobStore
 from controller.targets import Target
-from controller.topology import Topology
+from controller.topology import SINGLE, Topology
 from controller.watches import Changes, WatchLimits
 from lhc_ina import constants as c
 from lhc_ina.jobservice import errors
@@ -52,7 +50,7 @@ class JobService(pb_grpc.JobServiceServicer):
     def __init__(
         self,
         store: JobStore,
-        session: SwitchSession,
+        sessions: Sessions,
         liveness: Liveness,
         target: Target,
         topology: Topology | None,
@@ -68,7 +66,7 @@ class JobService(pb_grpc.JobServiceServicer):
         self.store = store
         self.authority = authority
         self.watch_limits = watch_limits
-        self.session = session
+        self.sessions = sessions
         self.liveness = liveness
         self.target = target
         self.topology = topology
@@ -80,7 +78,7 @@ class JobService(pb_grpc.JobServiceServicer):
 
     # -- helpers --
     def _changed(self) -> None:
-        self.session.request_reconcile()
+        self.sessions.request_reconcile()
         self.changes.notify()
 
     def _job(self, caller: Caller, ref: str, action: str) -> JobRecord:
@@ -99,22 +97,10 @@ class JobService(pb_grpc.JobServiceServicer):
         return ref if caller.operator else str(self._job(caller, ref, action).job_id)
 
     def _require_primary(self) -> None:
-        status = self.session.status
-        if status.mismatch:
-            raise errors.precondition(
-                f"the switch runs a different pipeline than the {self.target.name} target's: "
-                f"{status.mismatch}"
-            )
-        if status.connected and not status.primary:
-            raise ControllerError(
-                grpc.StatusCode.UNAVAILABLE,
-                "this controller is a backup (another one is primary for the switch)",
-            )
+        self.sessions.require_primary()
 
     def info(self, job: JobRecord, counters: bool = False) -> pb.JobInfo:
-        installed = (
-            job.state is JobState.ACTIVE and self.session.status.installed.get(job.job_id) == job.epoch
-        )
+        installed = self.sessions.installed(job)
         message = pb.JobInfo(
             name=job.name,
             job_id=job.job_id,
@@ -132,6 +118,7 @@ class JobService(pb_grpc.JobServiceServicer):
             epoch_changes=job.epoch_changes,
             hosts=job.hosts,
             installed=installed,
+            switches=self.sessions.switches_of(job) if len(job.members) == job.workers else [],
         )
         for m in job.members:
             message.members.add(
@@ -140,13 +127,15 @@ class JobService(pb_grpc.JobServiceServicer):
                 left=m.left,
                 address=pb.WorkerAddress(ip=m.ip, udp_port=m.udp_port, mac=m.mac, switch_port=m.switch_port),
                 last_heartbeat_age_s=self.liveness.age(job.job_id, m.rank),
+                switch=m.switch or SINGLE,
             )
         if counters:
-            rows = self.session.read_counters()
-            if rows is not None:
-                row = rows.get(job.job_index, [0] * c.NUM_STATS)
+            rows = self.sessions.counters(job)
+            for name, row in rows.items():
+                per_switch = message.switch_counters.add(switch=name)
                 for stat in c.Stat:
-                    message.counters[stat.name] = row[stat]
+                    per_switch.counters[stat.name] = row[stat]
+                    message.counters[stat.name] += row[stat]
         return message
 
     # -- RPCs --
@@ -196,23 +185,27 @@ class JobService(pb_grpc.JobServiceServicer):
                 chose_link = True
             auth.check_join_address(caller, member, self.topology, chose_link)
         job, rank = self.store.join(
-            ref, member, lambda job, new: admission.check_member(job, new, self.target)
+            ref, member, lambda job, new: admission.check_member(job, new, self.target, self.topology)
         )
         self.liveness.beat(job.job_id, rank)
         log.info("job %r: rank %d joined from %s (peer %s)", job.name, rank, member.address, caller.peer)
         self._changed()
         if job.state is JobState.ACTIVE:
-            self.session.sync(self.install_wait_s)
+            self.sessions.sync(self.install_wait_s)
             job = self.store.job(str(job.job_id))
         info = self.info(job)
+        switch_ip, switch_udp_port = self.switch_ip, self.switch_udp_port
+        if member.switch:  # a fabric: the worker sends to its own leaf
+            leaf = self.topology.switches[member.switch]
+            switch_ip, switch_udp_port = leaf.ip, leaf.udp_port
         return pb.JoinJobReply(
             rank=rank,
             job_id=job.job_id,
             slot_base=job.slot_base,
             slot_count=job.slot_count,
             epoch=job.epoch,
-            switch_ip=self.switch_ip,
-            switch_udp_port=self.switch_udp_port,
+            switch_ip=switch_ip,
+            switch_udp_port=switch_udp_port,
             lanes=job.lanes,
             peers=info.members,
             job=info,
@@ -231,7 +224,7 @@ class JobService(pb_grpc.JobServiceServicer):
         log.info("job %r: rank %d left%s", request.job, request.rank, "; job ended" if ended else "")
         self._changed()
         if ended:
-            self.session.sync(self.install_wait_s)  # its entries are gone when the reply arrives
+            self.sessions.sync(self.install_wait_s)  # its entries are gone when the reply arrives
         return pb.LeaveJobReply(job_ended=ended)
 
     @_rpc
@@ -243,7 +236,7 @@ class JobService(pb_grpc.JobServiceServicer):
             "job %r deleted (slots %d..%d freed)", job.name, job.slot_base, job.slot_base + job.slot_count - 1
         )
         self._changed()
-        self.session.sync(self.install_wait_s)
+        self.sessions.sync(self.install_wait_s)
         return pb.DeleteJobReply()
 
     @_rpc
@@ -288,19 +281,34 @@ class JobService(pb_grpc.JobServiceServicer):
     @_rpc
     def SwitchStatus(self, request: pb.SwitchStatusRequest, context, caller: Caller) -> pb.SwitchStatusReply:
         auth.require_operator(caller, "reading the switch's status")
-        s = self.session.status
         free, total = self.store.slot_usage()
-        return pb.SwitchStatusReply(
-            address=self.session.address,
-            target=self.target.name,
-            connected=s.connected,
-            primary=s.primary,
-            state=s.state,
-            election_id=self.session.election_id,
-            reconciles=s.reconciles,
-            updates_written=s.updates_written,
-            last_error=s.last_error,
-            slots_free=free,
-            slots_total=total,
-            dataplane=f"{self.switch_ip}:{self.switch_udp_port}",
-        )
+        each = []
+        for name, session in self.sessions.by_name.items():
+            s = session.status
+            switch = self.topology.switches.get(name) if self.topology is not None else None
+            dataplane = (f"{switch.ip}:{switch.udp_port}" if switch is not None and self.topology.fabric
+                         else f"{self.switch_ip}:{self.switch_udp_port}")
+            each.append(pb.SwitchStatusReply(
+                address=session.address, target=self.target.name, connected=s.connected, primary=s.primary,
+                state=s.state, election_id=session.election_id, reconciles=s.reconciles,
+                updates_written=s.updates_written, last_error=s.last_error, slots_free=free,
+                slots_total=total, dataplane=dataplane, name=name, role=self.sessions.role(name),
+            ))
+        if len(each) == 1:
+            reply = pb.SwitchStatusReply()
+            reply.CopyFrom(each[0])
+        else:  # the fabric as a whole: connected and primary only when every switch is
+            down = [e.name for e in each if not (e.connected and e.primary)]
+            reply = pb.SwitchStatusReply(
+                address=",".join(e.address for e in each), target=self.target.name,
+                connected=all(e.connected for e in each), primary=all(e.primary for e in each),
+                state=(f"fabric of {len(each)} switches: " + ("every one primary" if not down else
+                       f"not connected or not primary: {', '.join(down)}")
+                       + ("; pipeline mismatch" if any("mismatch" in e.state for e in each) else "")),
+                election_id=each[0].election_id, reconciles=min(e.reconciles for e in each),
+                updates_written=sum(e.updates_written for e in each),
+                last_error="; ".join(f"{e.name}: {e.last_error}" for e in each if e.last_error),
+                slots_free=free, slots_total=total, name="fabric", role="fabric",
+            )
+        reply.switches.extend(each)
+        return reply

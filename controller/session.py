@@ -11,6 +11,11 @@ request (a job changed) and periodically. The facts of life it handles:
   differs): push it, give every job a new epoch (the registers may hold anything), repopulate.
 
 A backup (not primary) never writes; it reads the switch to report whether the store's jobs are there.
+
+A controller of a leaf/spine fabric runs one session per switch (``controller.sessions``), each with its
+own election, pipeline cookie and reconcile, writing that switch's share of the jobs that span it. A switch
+that comes back empty renews the epochs of the jobs that span it, and the other switches' sessions are
+asked to reconcile (``on_renewed``) so that every switch of such a job carries the new epoch.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ import grpc
 from p4.v1 import p4runtime_pb2
 
 from controller.reconcile import desired_state, pipeline_differences, plan, read_state
+from controller.records import JobRecord
+from controller.spans import job_switches
 from controller.store import JobStore
 from controller.targets import Target
-from controller.topology import Topology
+from controller.topology import SINGLE, Topology
 from lhc_ina import constants as c
 from lhc_ina.p4rt import P4RuntimeClient, P4RuntimeError
 from lhc_ina.tls import TlsConfig
@@ -67,7 +74,11 @@ class SwitchSession:
         backoff: tuple[float, float] = (0.2, 5.0),
         on_change: Callable[[], None] = lambda: None,
         tls: TlsConfig | None = None,
+        name: str = SINGLE,
+        on_renewed: Callable[[dict[int, int]], None] = lambda renewed: None,
     ) -> None:
+        self.name = name
+        self.on_renewed = on_renewed
         self.address = address
         self.tls = tls
         self.target = target
@@ -86,7 +97,7 @@ class SwitchSession:
         self._requested = 0  # reconcile requests so far
         self._served = 0  # requests covered by a finished reconcile
         self._client: P4RuntimeClient | None = None
-        self._thread = threading.Thread(target=self._run, name="switch-session", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"switch-session-{name}", daemon=True)
 
     # -- control --
     def start(self) -> None:
@@ -107,7 +118,10 @@ class SwitchSession:
     def sync(self, timeout: float) -> bool:
         """Reconcile now and wait (at most ``timeout`` s) until the switch equals the store; False when it
         could not be done in time (switch away, not primary)."""
-        ticket = self.request_reconcile()
+        return self.wait_served(self.request_reconcile(), timeout)
+
+    def wait_served(self, ticket: int, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) until a reconcile requested as ``ticket`` has finished."""
         if not (self.status.connected and self.status.primary):
             return False  # it will reach the switch when this controller drives it again
         deadline = time.monotonic() + timeout
@@ -134,12 +148,21 @@ class SwitchSession:
         return rows
 
     # -- the thread --
+    @property
+    def cookie_key(self) -> str:
+        """The store's key for the cookie of the pipeline pushed to this switch."""
+        return COOKIE_KEY if self.name == SINGLE else f"{COOKIE_KEY}:{self.name}"
+
+    def _touches(self, job: JobRecord) -> bool:
+        return self.name in job_switches(job, self.topology)
+
     def _set_state(self, state: str, error: str = "") -> None:
         """Record what the session is doing; log it when it changes (warnings carry the error)."""
+        who = self.address if self.name == SINGLE else f"{self.name} ({self.address})"
         if error and (state, error) != (self.status.state, self.status.last_error):
-            log.warning("switch %s: %s: %s", self.address, state, error)
+            log.warning("switch %s: %s: %s", who, state, error)
         elif not error and state != self.status.state:
-            log.info("switch %s: %s", self.address, state)
+            log.info("switch %s: %s", who, state)
         self.status.state = state
         if error:
             self.status.last_error = error
@@ -227,7 +250,7 @@ class SwitchSession:
         """Check the loaded pipeline (push ours when there is none). A switch that does not run the
         pipeline this store pushed lost its state: every job gets a new epoch before repopulation."""
         loaded = client.get_pipeline()
-        stored_cookie = self.store.meta(COOKIE_KEY)
+        stored_cookie = self.store.meta(self.cookie_key)
         if loaded is not None:
             problems = pipeline_differences(self.target.p4info.p4info, loaded[0])
             self.status.mismatch = "; ".join(problems)
@@ -258,16 +281,20 @@ class SwitchSession:
                     raise
                 client.set_pipeline(self.target.p4info, self.target.device_config, cookie=cookie)
             what = "runs a pipeline this store did not push: re-tagged it"
-        if loaded is None:
-            self.store.forget_slot_epochs()  # a freshly loaded pipeline starts with zeroed registers
-        renewed = self.store.renew_epochs()
-        self.store.set_meta(COOKIE_KEY, cookie)
+        if loaded is None and self.name == SINGLE:
+            # A freshly loaded pipeline starts with zeroed registers. In a fabric the marks also stand for
+            # the other switches' registers (a job holds one range on all of them): they stay.
+            self.store.forget_slot_epochs()
+        renewed = self.store.renew_epochs(self._touches)
+        self.store.set_meta(self.cookie_key, cookie)
         self._set_state(f"primary: switch {what}; new epochs for {len(renewed)} job(s)")
+        if renewed:
+            self.on_renewed(renewed)
         return True
 
     def _reconcile(self, client: P4RuntimeClient, *, write: bool) -> None:
         jobs = self.store.jobs()
-        desired = desired_state(jobs, self.topology)
+        desired = desired_state(jobs, self.topology, self.name)
         actual = read_state(client, self.target)
         updates = plan(desired, actual, self.target)
         if updates and write:

@@ -23,7 +23,7 @@ from controller.slots import SlotPool, SlotPoolError, SlotRange
 from lhc_ina import constants as c
 from lhc_ina.jobservice import errors
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_NAME = "controller.sqlite3"
 
 _SCHEMA = """
@@ -54,6 +54,7 @@ CREATE TABLE members (
     mac TEXT NOT NULL,
     switch_port INTEGER NOT NULL,
     left_job INTEGER NOT NULL DEFAULT 0,
+    switch TEXT NOT NULL DEFAULT '',  -- the switch (a fabric's leaf) the worker sits under
     PRIMARY KEY (job_id, rank),
     UNIQUE (job_id, ip, udp_port),
     UNIQUE (job_id, name)
@@ -68,6 +69,12 @@ CREATE TABLE job_credentials (
     digest TEXT NOT NULL
 )
 """
+#: Version 3: the switch each member sits under (a leaf of a fabric), and the topology the controller was
+#: last started with (the JSON document), so that a restart without --topology drives the same switches.
+_MEMBER_SWITCH = "ALTER TABLE members ADD COLUMN switch TEXT NOT NULL DEFAULT ''"
+_TOPOLOGY = (
+    "CREATE TABLE IF NOT EXISTS topology (id INTEGER PRIMARY KEY CHECK (id = 1), document TEXT NOT NULL)"
+)
 
 _JOB_COLUMNS = (
     "job_id, name, state, workers, slot_base, slot_count, lanes, job_index, epoch, join_timeout_s, "
@@ -130,6 +137,11 @@ class JobStore:
                         db.execute(statement)
             if version in (0, 1):  # version 1's jobs have no credential: only the operator acts on them
                 db.execute(_CREDENTIALS)
+            if version in (0, 1, 2):  # before version 3 every member sat under the one switch
+                columns = {row[1] for row in db.execute("PRAGMA table_info(members)")}
+                if "switch" not in columns:
+                    db.execute(_MEMBER_SWITCH)
+                db.execute(_TOPOLOGY)
             elif version != SCHEMA_VERSION:
                 raise errors.precondition(
                     f"{self.path}: schema version {version}, this controller reads {SCHEMA_VERSION}"
@@ -144,6 +156,18 @@ class JobStore:
     def set_meta(self, key: str, value: int) -> None:
         with self.transaction() as db:
             _set_meta(db, key, value)
+
+    # -- topology --
+    def topology_document(self) -> str | None:
+        """The topology JSON the controller was last started with; None when it never had one."""
+        with self.snapshot() as db:
+            row = db.execute("SELECT document FROM topology WHERE id = 1").fetchone()
+            return None if row is None else row[0]
+
+    def save_topology(self, document: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO topology (id, document) VALUES (1, ?) "
+                       "ON CONFLICT (id) DO UPDATE SET document = excluded.document", (document,))
 
     # -- reads --
     def jobs(self) -> list[JobRecord]:
@@ -233,9 +257,10 @@ class JobStore:
                 rank = min(r for r in range(job.workers) if r not in taken)
             check(job, replace(member, rank=rank))
             db.execute(
-                "INSERT INTO members (job_id, rank, name, ip, udp_port, mac, switch_port) "
-                "VALUES (?,?,?,?,?,?,?)",
-                (job.job_id, rank, member.name, member.ip, member.udp_port, member.mac, member.switch_port),
+                "INSERT INTO members (job_id, rank, name, ip, udp_port, mac, switch_port, switch) "
+                "VALUES (?,?,?,?,?,?,?,?)",
+                (job.job_id, rank, member.name, member.ip, member.udp_port, member.mac, member.switch_port,
+                 member.switch),
             )
             if len(job.members) + 1 == job.workers:
                 db.execute("UPDATE jobs SET state = ? WHERE job_id = ?", (JobState.ACTIVE.value, job.job_id))
@@ -279,16 +304,17 @@ class JobStore:
         with self.transaction() as db:
             db.execute("DELETE FROM slot_marks")
 
-    def renew_epochs(self) -> dict[int, int]:
-        """A fresh epoch for every ACTIVE job (the switch lost its state): job id -> new epoch. Agents may
-        still have packets of the old epoch in flight; with a new one they cannot start or join a round in
-        the fresh registers. Pending jobs have no traffic yet and keep theirs."""
+    def renew_epochs(self, touches: Callable[[JobRecord], bool] = lambda job: True) -> dict[int, int]:
+        """A fresh epoch for every ACTIVE job (a switch lost its state) that ``touches`` it: job id -> new
+        epoch, the same on every switch the job spans. Agents may still have packets of the old epoch in
+        flight; with a new one they cannot start or join a round in the fresh registers. Pending jobs have
+        no traffic yet and keep theirs."""
         with self.transaction() as db:
             renewed = {}
-            for job_id, base, count in db.execute(
-                "SELECT job_id, slot_base, slot_count FROM jobs WHERE state = ? ORDER BY job_id",
-                (JobState.ACTIVE.value,),
-            ).fetchall():
+            active = [self._record(db, row) for row in db.execute(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE state = ? ORDER BY job_id", (JobState.ACTIVE.value,)
+            ).fetchall()]
+            for job_id, base, count in [(j.job_id, j.slot_base, j.slot_count) for j in active if touches(j)]:
                 epoch = _fresh_epoch(db, [SlotRange(base, count)])
                 db.execute(
                     "UPDATE jobs SET epoch = ?, epoch_changes = epoch_changes + 1 WHERE job_id = ?",
@@ -309,9 +335,9 @@ class JobStore:
     @staticmethod
     def _record(db: sqlite3.Connection, row: tuple) -> JobRecord:
         members = tuple(
-            MemberRecord(rank, name, ip, port, mac, switch_port, bool(left))
-            for rank, name, ip, port, mac, switch_port, left in db.execute(
-                "SELECT rank, name, ip, udp_port, mac, switch_port, left_job FROM members "
+            MemberRecord(rank, name, ip, port, mac, switch_port, bool(left), switch)
+            for rank, name, ip, port, mac, switch_port, left, switch in db.execute(
+                "SELECT rank, name, ip, udp_port, mac, switch_port, left_job, switch FROM members "
                 "WHERE job_id = ? ORDER BY rank",
                 (row[0],),
             )

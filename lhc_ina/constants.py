@@ -73,11 +73,12 @@ UDP_GSO_REFUSALS = 8
 
 
 class MsgType(IntEnum):
-    """What a packet is. Only DATA is aggregated; the switch emits RESULT and RESULT_RETX."""
+    """What a packet is. Only DATA is aggregated; the switch emits RESULT and RESULT_RETX. A leaf takes
+    RESULT and RESULT_RETX from its parent (the spine) only; any other switch drops them as BAD_TYPE."""
 
-    DATA = 1  # a worker's contribution to one slot copy
-    RESULT = 2  # the finished aggregate, multicast to every worker of the job
-    RESULT_RETX = 3  # the finished aggregate again, unicast to a worker that asked twice
+    DATA = 1  # a worker's contribution to one slot copy (or a leaf's partial, sent up to its spine)
+    RESULT = 2  # the finished aggregate, multicast to every worker of the job (or leaf, by a spine)
+    RESULT_RETX = 3  # the finished aggregate again, unicast to a worker (or leaf) that asked twice
     CONTROL = 4  # host-to-host signalling; the switch never aggregates it (dropped as BAD_TYPE)
 
 
@@ -107,6 +108,11 @@ class Stat(IntEnum):
     DROP_SLOT_RANGE = 9  # slot >= the job's slot count
     DROP_BAD_WORKER = 10  # (job, worker_id, IPv4 source) not admitted: unknown worker or spoofed
     DROP_STALE_ROUND = 11  # seq is neither the copy's round nor its next one: a delayed packet
+    # Two levels (docs/switch.md, "Two levels: leaf and spine"): only a job with an `uplinks` entry (a
+    # leaf's) reaches these.
+    UP = 12  # the leaf's round completed locally: its partial went up to the parent as one DATA packet
+    UP_RETX = 13  # a repeat while the copy awaits the parent's result: the partial went up again
+    DROP_STALE_RESULT = 14  # a result from the parent for a round the copy does not await
 
 
 #: Counter columns per job (a power of two, so the index is a shift on Tofino).

@@ -6,6 +6,10 @@ switch misbehave without a word. Every job model in the tree (the controller, th
 test helpers) therefore goes through :func:`job_entries`, which rejects such a job with an error that names
 the broken invariant, and describes the entries by P4Info names so that each caller turns them into its
 own messages.
+
+A job may span two levels of switches (docs/switch.md, "Two levels: leaf and spine"): a leaf's layout has an
+:class:`Uplink` to its parent, and the parent's layout has one member per leaf that stands for the leaf's
+workers (:attr:`WorkerEndpoint.stands_for`). ``lhc_ina.fabric`` builds both from one description of the job.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from lhc_ina import constants as c
 JOBS_TABLE = "LhcIngress.jobs"
 WORKERS_TABLE = "LhcIngress.workers"
 REPLICAS_TABLE = "LhcEgress.replicas"
+UPLINKS_TABLE = "LhcIngress.uplinks"
 SET_JOB = "LhcIngress.set_job"
 ADMIT_WORKER = "LhcIngress.admit_worker"
 SET_REPLICA_DST = "LhcEgress.set_replica_dst"
+SET_UPLINK = "LhcIngress.set_uplink"
 
 #: Widths of the action parameters the checks below guard (docs/switch.md, "Names").
 _EPOCH_BITS = 16
@@ -46,17 +52,40 @@ class InvalidJob(ValueError):
 
 @dataclass(frozen=True)
 class WorkerEndpoint:
-    """Where one rank of a job lives on the data plane."""
+    """Where one member of a job lives on the data plane: a worker, or at a spine a leaf switch.
+
+    ``stands_for`` is 0 for a worker (its bit is ``1 << rank``). A leaf as a member of its parent's job
+    stands for its workers: the mask of their global ranks, which becomes its ``worker_bit`` at the
+    parent, so that the parent's bitmap holds every worker's bit; its ``rank`` is the lowest of them."""
 
     rank: int
     ip: str
     udp_port: int
     mac: str
     switch_port: int
+    stands_for: int = 0
 
     @property
     def bit(self) -> int:
-        return 1 << self.rank
+        return self.stands_for or 1 << self.rank
+
+
+@dataclass(frozen=True)
+class Uplink:
+    """A leaf's way to its parent for one job: the port towards the parent and the addresses of the
+    partial it sends up (DATA from ``src_*`` to ``dst_*``). The parent's results come back from the
+    ``dst_*`` address on that port and are accepted from nowhere else. ``src_addr``/``src_port`` (and
+    ``src_mac``) must be the address the leaf's workers send to: the leaf's results to them are sourced
+    from where the parent's result was addressed. ``worker_id`` is the leaf's rank at the parent."""
+
+    port: int
+    worker_id: int
+    src_mac: str
+    dst_mac: str
+    src_addr: str
+    dst_addr: str
+    src_port: int
+    dst_port: int
 
 
 @dataclass(frozen=True)
@@ -64,7 +93,7 @@ class JobLayout:
     """What admission decided for one job: ids, its slot range, its epoch, its group and its workers.
 
     ``fan_in`` defaults to the number of workers; a smaller value (tests only) completes a round with the
-    first ``fan_in`` distinct contributors.
+    first ``fan_in`` distinct contributors. ``uplink`` makes the switch a leaf of a two-level job.
     """
 
     job_id: int
@@ -75,10 +104,17 @@ class JobLayout:
     mcast_grp: int
     workers: tuple[WorkerEndpoint, ...]
     fan_in: int = 0
+    uplink: Uplink | None = None
 
     @property
     def world_size(self) -> int:
         return self.fan_in or len(self.workers)
+
+    @property
+    def countdown(self) -> int:
+        """`set_job`'s ``fan_in``: the contributions a round of this switch counts down. A leaf counts
+        its parent's result as one more, so a copy whose workers are all in (count-down 1) awaits it."""
+        return self.world_size + (1 if self.uplink is not None else 0)
 
     @property
     def full_mask(self) -> int:
@@ -105,8 +141,8 @@ class MulticastGroupSpec:
 
 @dataclass(frozen=True)
 class JobEntries:
-    """Everything the switch needs for one job: the `jobs` entry, one `workers` and one `replicas` entry
-    per rank, and the multicast group."""
+    """Everything the switch needs for one job: the `jobs` entry, a leaf's `uplinks` entry, one `workers`
+    and one `replicas` entry per member, and the multicast group."""
 
     tables: tuple[TableEntrySpec, ...]
     group: MulticastGroupSpec
@@ -133,10 +169,19 @@ def _check_worker(job: JobLayout, worker: WorkerEndpoint) -> None:
         raise InvalidJob(f"job {job.job_id}: {who}: {worker.ip!r} is not an IPv4 address") from None
     _require(bool(_MAC.match(worker.mac)), job, f"{who}: {worker.mac!r} is not a MAC address (aa:bb:..)")
     _require(0 < worker.udp_port < 1 << 16, job, f"{who}: UDP port {worker.udp_port} is outside 1..65535")
-    _require(
-        worker.udp_port & c.UDP_PORT_MASK != c.UDP_PORT_BASE, job,
-        f"{who}: UDP port {worker.udp_port} is in the lhc range; results sent there would be taken for DATA",
-    )
+    in_range = worker.udp_port & c.UDP_PORT_MASK == c.UDP_PORT_BASE
+    if worker.stands_for:
+        _require(
+            in_range, job,
+            f"{who} (a leaf): UDP port {worker.udp_port} is outside the lhc range; the leaf would not parse "
+            "the results sent there",
+        )
+    else:
+        _require(
+            not in_range, job,
+            f"{who}: UDP port {worker.udp_port} is in the lhc range; results sent there would be taken for "
+            "DATA",
+        )
     _require(
         0 <= worker.switch_port < DROP_PORT, job,
         f"{who}: switch port {worker.switch_port} is outside 0..{DROP_PORT - 1} ({DROP_PORT} drops)",
@@ -173,12 +218,13 @@ def validate(job: JobLayout, *, target: Target = "v1model", stamped_epochs: Coll
     )
     count = len(job.workers)
     _require(0 < count <= c.MAX_WORKERS, job, f"{count} workers; a job has 1..{c.MAX_WORKERS}")
-    ranks = sorted(w.rank for w in job.workers)
-    _require(ranks == list(range(count)), job, f"ranks must be 0..{count - 1} once each, got {ranks}")
+    _check_ranks(job)
     _require(
         0 < job.world_size <= count, job,
         f"fan-in {job.world_size} must be in 1..{count} (0 never completes a round)",
     )
+    if job.uplink is not None:
+        _check_uplink(job, job.uplink)
     seen: dict[tuple[str, int], int] = {}
     for worker in job.workers:
         _check_worker(job, worker)
@@ -199,9 +245,82 @@ def validate(job: JobLayout, *, target: Target = "v1model", stamped_epochs: Coll
         raise ValueError(f"unknown target {target!r}: v1model or tna")
 
 
+def _check_ranks(job: JobLayout) -> None:
+    """Each member's bits (a worker's own, a leaf's workers') are disjoint and its rank is the lowest of
+    them, so a bit is never 0 and never shared; without an uplink they cover ranks 0..W-1 (a leaf's
+    workers are a part of its job's ranks: ``lhc_ina.fabric`` checks that the leaves cover them)."""
+    count = len(job.workers)
+    ranks = sorted(w.rank for w in job.workers)
+    if job.uplink is None and not any(w.stands_for for w in job.workers):
+        _require(ranks == list(range(count)), job, f"ranks must be 0..{count - 1} once each, got {ranks}")
+        return
+    _require(
+        len(set(ranks)) == count and all(0 <= r < c.MAX_WORKERS for r in ranks), job,
+        f"ranks must be distinct and below {c.MAX_WORKERS}, got {ranks}",
+    )
+    covered = 0
+    for member in job.workers:
+        bits = member.bit
+        _require(
+            0 < bits < 1 << c.MAX_WORKERS and bits & -bits == 1 << member.rank, job,
+            f"rank {member.rank} stands for {bits:#x}: the mask must hold ranks below {c.MAX_WORKERS}, the "
+            "lowest of them its own",
+        )
+        _require(covered & bits == 0, job, f"rank {member.rank} stands for workers another member has")
+        covered |= bits
+    if job.uplink is None:
+        workers = covered.bit_count()
+        _require(
+            covered == (1 << workers) - 1, job,
+            f"the members stand for the workers {covered:#x}, not ranks 0..{workers - 1} once each",
+        )
+
+
+def _check_uplink(job: JobLayout, up: Uplink) -> None:
+    """A leaf: every worker counts (the partial it sends up must hold them all), and its way up is a port
+    and two lhc addresses (the parent parses the partial, and the leaf parses the results)."""
+    lowest = min(w.rank for w in job.workers)
+    _require(
+        job.world_size == len(job.workers), job,
+        f"fan-in {job.world_size} must equal the {len(job.workers)} workers of a leaf (its partial stands "
+        "for all of them at the parent)",
+    )
+    _require(
+        all(not w.stands_for for w in job.workers), job,
+        "a leaf's members are workers (three levels are not built)",
+    )
+    _require(
+        up.worker_id == lowest, job,
+        f"uplink worker id {up.worker_id} must be the leaf's lowest rank {lowest} (its rank at the parent)",
+    )
+    _require(0 <= up.port < DROP_PORT, job, f"uplink port {up.port} is outside 0..{DROP_PORT - 1}")
+    for name in ("src_addr", "dst_addr"):
+        try:
+            ipaddress.IPv4Address(getattr(up, name))
+        except ValueError:
+            raise InvalidJob(f"job {job.job_id}: uplink {name} {getattr(up, name)!r} is not an IPv4 "
+                             "address") from None
+    for name in ("src_mac", "dst_mac"):
+        _require(bool(_MAC.match(getattr(up, name))), job,
+                 f"uplink {name} {getattr(up, name)!r} is not a MAC address (aa:bb:..)")
+    for name in ("src_port", "dst_port"):
+        port = getattr(up, name)
+        _require(
+            port & c.UDP_PORT_MASK == c.UDP_PORT_BASE and 0 < port < 1 << 16, job,
+            f"uplink {name} {port} is outside the lhc range {c.UDP_PORT_BASE}.."
+            f"{c.UDP_PORT_BASE + c.UDP_PORT_COUNT - 1} (the partial and the results are lhc packets)",
+        )
+
+
 def _check_tna(job: JobLayout) -> None:
     """Tofino: registers are per pipe, so a job's workers share one; the recirculation port is taken; and
-    a round is finished when its bitmap is the full mask, so every admitted worker contributes."""
+    a round is finished when its bitmap is the full mask, so every admitted worker contributes. Two levels
+    are not built there (docs/tofino.md, "Two levels")."""
+    _require(
+        job.uplink is None and not any(w.stands_for for w in job.workers), job,
+        "a two-level job (a leaf's uplink, or members that stand for a leaf) is not built for Tofino "
+        "(docs/tofino.md, \"Two levels\")",
+    )
     _require(
         job.world_size == len(job.workers), job,
         f"fan-in {job.world_size} must equal the {len(job.workers)} workers on Tofino (a round is "
@@ -226,8 +345,16 @@ def job_entries(
     tables = [TableEntrySpec(
         JOBS_TABLE, (("hdr.lhc.job_id", job.job_id),), SET_JOB,
         (("job_index", job.job_index), ("slot_base", job.slot_base), ("slot_count", job.slot_count),
-         ("fan_in", job.world_size), ("mcast_grp", job.mcast_grp), ("epoch", job.epoch)),
+         ("fan_in", job.countdown), ("mcast_grp", job.mcast_grp), ("epoch", job.epoch)),
     )]
+    if job.uplink is not None:
+        up = job.uplink
+        tables.append(TableEntrySpec(
+            UPLINKS_TABLE, (("hdr.lhc.job_id", job.job_id),), SET_UPLINK,
+            (("port", up.port), ("worker_id", up.worker_id), ("src_mac", mac_to_int(up.src_mac)),
+             ("dst_mac", mac_to_int(up.dst_mac)), ("src_addr", ip_to_int(up.src_addr)),
+             ("dst_addr", ip_to_int(up.dst_addr)), ("src_port", up.src_port), ("dst_port", up.dst_port)),
+        ))
     for w in workers:
         tables.append(TableEntrySpec(
             WORKERS_TABLE,

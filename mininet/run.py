@@ -2,16 +2,21 @@
 
     sudo /usr/bin/python3 mininet/run.py --workers 4 --bw 20 --workload train --steps 10 [--loss 1]
     sudo /usr/bin/python3 mininet/run.py --workers 2 --workload bench --length 200000
+    sudo /usr/bin/python3 mininet/run.py --topology leafspine --workers 8 --bw 20 --steps 10
 
 Starts the emulated cluster (mininet/topo.py), softswitch on the switch-side veths (AF_PACKET) or BMv2
 ``simple_switch_grpc`` (``--switch bmv2``), and ``lhc-controller serve`` with the cluster's topology (so
-ordinary traffic, torch.distributed's TCP included, crosses the switch by the controller's routes). Then
+ordinary traffic, torch.distributed's TCP included, crosses the switch by the controller's routes). With
+``--topology leafspine`` the hosts sit under two leaves linked to a spine (three switch processes, one
+controller driving them; jobs span the fabric), and the summary adds ``leaf_spine_links``: per run and
+leaf, the lhc packets that crossed its link up and down against those its first worker sent. Then
 runs the workload's processes inside the hosts with the project's virtualenv, collects their JSON, prints
 the summary and tears everything down, also after a failure or Ctrl-C.
 
 ``--pcap DIR`` captures while the workload runs: ``DIR/hI.pcap`` at every worker host's interface
 (tcpdump in the host's namespace, lhc's UDP ports only unless ``--pcap-filter`` says otherwise) and, with
-softswitch, ``DIR/switch.pcapng``, every frame the switch receives and sends (``lhc-softswitch --pcap``).
+softswitch, ``DIR/switch.pcapng`` (over a leaf/spine fabric one file per switch, ``DIR/<name>.pcapng``),
+every frame the switch receives and sends (``lhc-softswitch --pcap``).
 Open them with Wireshark and ``wireshark/lhc.lua`` (docs/testing.md).
 
 The controller runs with an operator token (``--token-file``, a fresh one per run), and each job's workers
@@ -50,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--loss", type=int, default=0, help="percent of frames dropped at every host (0)")
     parser.add_argument("--delay", default="", help="link delay: refused, this kernel has no netem")
     parser.add_argument("--switch", choices=("softswitch", "bmv2"), default="softswitch")
+    parser.add_argument("--topology", choices=("star", "leafspine"), default="star",
+                        help="one switch, or two leaves of W/2 hosts and a spine (%(default)s)")
     parser.add_argument("--workload", choices=("train", "bench"), default="train")
     parser.add_argument("--steps", type=int, default=10, help="training steps per run (%(default)s)")
     parser.add_argument("--users", type=int, default=20_000, help="train: user embedding rows (%(default)s)")
@@ -100,13 +107,14 @@ def _ready_line(proc: subprocess.Popen, prefix: str, log: Path) -> dict[str, str
     raise RuntimeError(f"{prefix.strip(':')} did not start; its log: {log.read_text()[-3000:]}")
 
 
-def start_switch(args: argparse.Namespace, cluster: topo.Cluster, scratch: Path, procs: Processes) -> str:
-    log = scratch / "switch.log"
+def start_switch(args: argparse.Namespace, switch_ports: dict[int, str], scratch: Path, procs: Processes,
+                 name: str = "switch") -> str:
+    log = scratch / f"{name}.log"
     if args.switch == "bmv2":
-        return start_bmv2(cluster, log, procs)
-    ports = [arg for port, name in cluster.switch_ports.items() for arg in ("--port", f"{port}@{name}")]
+        return start_bmv2(switch_ports, log, procs)
+    ports = [arg for port, intf in switch_ports.items() for arg in ("--port", f"{port}@{intf}")]
     if args.pcap:
-        ports += ["--pcap", str(args.pcap / "switch.pcapng")]
+        ports += ["--pcap", str(args.pcap / f"{name}.pcapng")]
     proc = procs.add(subprocess.Popen(
         [args.python, "-m", "softswitch.cli", "--grpc-addr", "127.0.0.1:0", *ports],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=REPO, env=_env(),
@@ -114,10 +122,10 @@ def start_switch(args: argparse.Namespace, cluster: topo.Cluster, scratch: Path,
     return _ready_line(proc, "lhc-softswitch ready:", log)["grpc"]
 
 
-def start_bmv2(cluster: topo.Cluster, log: Path, procs: Processes) -> str:
+def start_bmv2(switch_ports: dict[int, str], log: Path, procs: Processes) -> str:
     """``simple_switch_grpc --no-p4`` on the switch-side veths; the controller pushes the program."""
     grpc, thrift = _free_port(), _free_port()
-    ports = [arg for port, name in cluster.switch_ports.items() for arg in ("-i", f"{port}@{name}")]
+    ports = [arg for port, name in switch_ports.items() for arg in ("-i", f"{port}@{name}")]
     proc = procs.add(subprocess.Popen(
         ["simple_switch_grpc", "--device-id", "1", "--thrift-port", str(thrift), *ports, "--no-p4", "--",
          "--grpc-server-addr", f"127.0.0.1:{grpc}"], stdout=log.open("w"), stderr=subprocess.STDOUT,
@@ -158,15 +166,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_controller(args: argparse.Namespace, grpc: str, topology: Path, scratch: Path,
+def start_controller(args: argparse.Namespace, grpc: str | None, topology: Path, scratch: Path,
                      procs: Processes) -> str:
+    """The controller of the switch at ``grpc``, or (None) of every switch of a fabric ``topology``."""
     log = scratch / "controller.log"
     listen = f"{topo.CONTROLLER_IP}:9560"
     token = _operator_token(scratch)
     token.write_text(secrets.token_urlsafe(32) + "\n")
     token.chmod(0o600)
     proc = procs.add(subprocess.Popen(
-        [args.python, "-m", "controller.cli", "serve", "--switch", grpc, "--target", args.switch,
+        [args.python, "-m", "controller.cli", "serve", *(["--switch", grpc] if grpc else []),
+         "--target", args.switch,
          "--listen", listen, "--state-dir", str(scratch / "state"), "--topology", str(topology),
          "--token-file", str(token),
          *(["--device-config", str(BMV2_JSON)] if args.switch == "bmv2" else [])],
@@ -186,19 +196,21 @@ def _operator_token(scratch: Path) -> Path:
 def create_job(args: argparse.Namespace, controller: str, scratch: Path, job: str) -> Path:
     """Create ``job`` with the operator's token; the file that holds its credential, for its workers."""
     credential = scratch / f"{job}.credential"
-    done = subprocess.run([args.python, "-m", "controller.cli", "--controller", controller, "--token-file",
-                           str(_operator_token(scratch)), "job", "create", job, "--workers", str(args.workers),
-                           "--credential-file", str(credential)],
-                          capture_output=True, text=True, cwd=REPO, env=_env())
+    argv = [args.python, "-m", "controller.cli", "--controller", controller, "--token-file",
+            str(_operator_token(scratch)), "job", "create", job, "--workers", str(args.workers),
+            "--credential-file", str(credential)]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=_env())
     if done.returncode != 0:
         raise RuntimeError(f"the controller refused job {job}: {done.stderr.strip()[-2000:]}")
     return credential
 
 
 def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: str, scratch: Path,
-                 started: Processes) -> dict:
+                 started: Processes, probe: LinkProbe | None = None) -> dict:
     runs = {}
     for run in RUNS:
+        if probe is not None:
+            probe.start()
         job = f"train-{run}"
         credential = create_job(args, controller, scratch, job) if run != "ddp" else None
         master = f"{topo.host_ip(1)}:29500"
@@ -224,7 +236,40 @@ def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: st
         if failed:
             raise RuntimeError(f"run {run} failed:\n" + "\n".join(failed))
         runs[run] = [json.loads(out.read_text()) for _, out in procs]
+        if probe is not None:
+            probe.stop(run)
     return runs
+
+
+class LinkProbe:
+    """The leaf-spine links' counters (``topo.link_counts``) over each run: per leaf, the lhc packets that
+    went up and came down its link and those its first worker sent (one per round, retransmissions
+    aside), so ``up_per_worker_packet`` is 1.0 when one packet per leaf and round crossed the link; and the
+    link interfaces' kernel byte counters."""
+
+    def __init__(self, fabric: topo.Fabric) -> None:
+        self.fabric = fabric
+        self.before: dict = {}
+        self.runs: dict[str, dict] = {}
+
+    def start(self) -> None:
+        self.before = topo.link_counts(self.fabric)
+
+    def stop(self, run: str) -> None:
+        after = topo.link_counts(self.fabric)
+        delta = {key: {k: after[key][k] - self.before[key][k] for k in after[key]} for key in after}
+        per_leaf = {}
+        for leaf, (uplink, _) in self.fabric.links.items():
+            up, down = delta[f"{leaf}-up"], delta[f"{leaf}-down"]
+            worker = delta[f"{leaf}-worker"]["packets"]
+            per_leaf[leaf] = {
+                "up_packets": up["packets"], "down_packets": down["packets"], "up_bytes": up["bytes"],
+                "down_bytes": down["bytes"], "worker_packets": worker,
+                "up_per_worker_packet": up["packets"] / worker if worker else None,
+                "down_per_worker_packet": down["packets"] / worker if worker else None,
+                "link_tx_bytes": delta[uplink]["tx_bytes"], "link_rx_bytes": delta[uplink]["rx_bytes"],
+            }
+        self.runs[run] = per_leaf
 
 
 def summarize(args: argparse.Namespace, runs: dict, extra: dict) -> dict:
@@ -241,8 +286,10 @@ def summarize(args: argparse.Namespace, runs: dict, extra: dict) -> dict:
 
 
 def run_bench(args: argparse.Namespace, cluster: topo.Cluster, controller: str, scratch: Path,
-              started: Processes) -> list[dict]:
+              started: Processes, probe: LinkProbe | None = None) -> list[dict]:
     job = "bench"
+    if probe is not None:
+        probe.start()
     credential = create_job(args, controller, scratch, job)
     procs = []
     for index, host in enumerate(cluster.hosts, start=1):
@@ -258,6 +305,8 @@ def run_bench(args: argparse.Namespace, cluster: topo.Cluster, controller: str, 
         if proc.returncode != 0:
             raise RuntimeError(f"a bench worker failed: {err[-2000:]}")
         rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if probe is not None:
+        probe.stop("bench")
     return rows
 
 
@@ -284,29 +333,47 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="lhc-emu-") as tmp:
             scratch = Path(tmp)
-            cluster = topo.build(args.workers, args.bw or None)
+            probe = None
+            if args.topology == "leafspine":
+                cluster = topo.build_leafspine(args.workers, args.bw or None)
+            else:
+                cluster = topo.build(args.workers, args.bw or None)
             if args.loss:
                 topo.apply_loss(cluster, args.loss)
             if args.pcap:
                 start_captures(args, cluster, procs)
-            grpc = start_switch(args, cluster, scratch, procs)
-            controller = start_controller(args, grpc, cluster.write_topology(scratch / "topo.json"), scratch,
-                                          procs)
+            if args.topology == "leafspine":
+                grpcs = {name: start_switch(args, ports, scratch, procs, name)
+                         for name, ports in cluster.switch_ports.items()}
+                topology = scratch / "topo.json"
+                topology.write_text(json.dumps(cluster.topology(grpcs), indent=1))
+                controller = start_controller(args, None, topology, scratch, procs)
+                probe = LinkProbe(cluster)
+            else:
+                grpc = start_switch(args, cluster.switch_ports, scratch, procs)
+                controller = start_controller(args, grpc, cluster.write_topology(scratch / "topo.json"),
+                                              scratch, procs)
             extra = {"workers": args.workers, "bw_mbit": args.bw, "loss_percent": args.loss,
-                     "loss_model": topo.LOSS_MODEL if args.loss else None, "switch": args.switch}
+                     "loss_model": topo.LOSS_MODEL if args.loss else None, "switch": args.switch,
+                     "topology": args.topology}
             if args.workload == "train":
-                runs = run_training(args, cluster, controller, scratch, procs)
+                runs = run_training(args, cluster, controller, scratch, procs, probe)
                 if args.loss:
                     extra["dropped_frames"] = topo.dropped(cluster)
+                if probe is not None:
+                    extra["leaf_spine_links"] = probe.runs
                 print(json.dumps(summarize(args, runs, extra)))
             else:
-                for row in run_bench(args, cluster, controller, scratch, procs):
+                for row in run_bench(args, cluster, controller, scratch, procs, probe):
                     print(json.dumps({**row, **extra}))
+                if probe is not None:
+                    print(json.dumps({"leaf_spine_links": probe.runs, **extra}))
     finally:
         procs.stop()
         if cluster is not None:
             cluster.net.stop()
         topo.remove_controller_veth()
+        topo.remove_link_counters()
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
     return 0

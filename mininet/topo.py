@@ -1,5 +1,6 @@
 """The emulated cluster: W worker hosts in a star around one switch port each, the controller behind one
-more port, links shaped by TCLink, loss injected with nftables.
+more port, links shaped by TCLink, loss injected with nftables; or (``build_leafspine``) the hosts split
+over two leaves linked to a spine, with the lhc packets crossing each leaf-spine link counted.
 
 Runs under the system Python that has Debian's Mininet (``/usr/bin/python3``); nothing here imports the
 project's own packages, whose dependencies live in the project's virtualenv.
@@ -112,9 +113,11 @@ def remove_controller_veth() -> None:
     run("ip", "link", "del", CONTROLLER_VETH, check=False)
 
 
-def _static_neighbours(cluster: Cluster) -> None:
+def _static_neighbours(cluster: Cluster, extra: list[tuple[str, str]] = ()) -> None:
+    """Every host knows every peer's MAC (and the switches' lhc addresses, ``extra`` for a fabric's
+    leaves), the controller every host's."""
     peers = [(host_ip(i + 1), host_mac(i + 1)) for i in range(len(cluster.hosts))]
-    peers += [(SWITCH_IP, SWITCH_MAC), (CONTROLLER_IP, CONTROLLER_MAC)]
+    peers += [(SWITCH_IP, SWITCH_MAC), (CONTROLLER_IP, CONTROLLER_MAC), *extra]
     for index, host in enumerate(cluster.hosts, start=1):
         quiet_interface(f"h{index}-eth0", host)
         for ip, mac in peers:
@@ -170,3 +173,129 @@ def dropped(cluster: Cluster) -> dict[str, int]:
             for expr in item["rule"]["expr"] if "counter" in expr
         )
     return counts
+
+
+# --- two leaves and a spine ----------------------------------------------------------------------------
+#: The leaves' and the spine's lhc addresses (each switch's own, in the controller's fabric topology).
+LEAF_IPS, LEAF_MACS = (f"{SUBNET}.251", f"{SUBNET}.252"), ("02:00:00:00:00:fb", "02:00:00:00:00:fc")
+SPINE_IP, SPINE_MAC = SWITCH_IP, SWITCH_MAC
+LHC_UDP_PORTS = f"{LHC_UDP_PORT}-{LHC_UDP_PORT + 15}"  # lhc_ina.constants.UDP_PORT_COUNT ports
+_COUNT_TABLE = "lhc_links"
+
+
+@dataclass
+class Fabric:
+    """A started leaf/spine emulation: hosts ``h1..hW``, the first half under ``leaf1``, the rest under
+    ``leaf2``, each leaf linked to ``spine`` (TCLink, like the hosts' links), the controller's veth on
+    ``leaf1``. ``switch_ports``: per switch, port -> root-namespace interface its switch attaches to;
+    ``links``: per leaf, (its uplink interface, the spine's interface towards it)."""
+
+    net: Mininet
+    hosts: list[Host]
+    leaf_of: list[str]  # per host
+    switch_ports: dict[str, dict[int, str]]
+    links: dict[str, tuple[str, str]]
+
+    def topology(self, p4runtime: dict[str, str]) -> dict:
+        """The controller's fabric topology (controller/topology.py), with each switch's gRPC address."""
+        addresses = {**dict(zip(self.links, zip(LEAF_IPS, LEAF_MACS, strict=True), strict=True)),
+                     "spine": (SPINE_IP, SPINE_MAC)}
+        switches = [{"name": name, "role": "spine" if name == "spine" else "leaf",
+                     "p4runtime": p4runtime[name], "ip": ip, "mac": mac, "udp_port": LHC_UDP_PORT}
+                    for name, (ip, mac) in addresses.items()]
+        links = [{"leaf": leaf, "leaf_port": self.port_of(leaf, uplink),
+                  "spine_port": self.port_of("spine", spine_side)}
+                 for leaf, (uplink, spine_side) in self.links.items()]
+        hosts = [{"name": h.name, "switch": self.leaf_of[i], "ip": host_ip(i + 1), "mac": host_mac(i + 1),
+                  "port": self.host_port(i)} for i, h in enumerate(self.hosts)]
+        hosts.append({"name": "controller", "switch": "leaf1", "ip": CONTROLLER_IP, "mac": CONTROLLER_MAC,
+                      "port": self.port_of("leaf1", CONTROLLER_PORT_VETH)})
+        return {"switches": switches, "links": links, "hosts": hosts}
+
+    def port_of(self, switch: str, interface: str) -> int:
+        return next(port for port, name in self.switch_ports[switch].items() if name == interface)
+
+    def host_port(self, index: int) -> int:
+        """Host ``index``'s (0-based) port on its leaf."""
+        return 1 + sum(1 for j in range(index) if self.leaf_of[j] == self.leaf_of[index])
+
+
+def build_leafspine(workers: int, bw_mbit: float | None) -> Fabric:
+    """Two leaves of W/2 hosts (the first leaf takes the odd one) and a spine, all root-namespace switch
+    nodes, every link shaped alike; the controller's veth on leaf1."""
+    if not 2 <= workers <= 200:
+        raise ValueError(f"workers must be in 2..200 over two leaves, not {workers}")
+    net = Mininet(controller=None, switch=None, link=TCLink, build=False, autoSetMacs=False)
+    options = {"bw": bw_mbit} if bw_mbit else {}
+    leaves = {name: net.addHost(name, inNamespace=False) for name in ("leaf1", "leaf2")}
+    spine = net.addHost("spine", inNamespace=False)
+    ports: dict[str, dict[int, str]] = {"leaf1": {}, "leaf2": {}, "spine": {}}
+    hosts, leaf_of = [], []
+    for index in range(1, workers + 1):
+        leaf = "leaf1" if index <= (workers + 1) // 2 else "leaf2"
+        port = len(ports[leaf]) + 1
+        intf = f"l{leaf[-1]}-eth{port}"
+        host = net.addHost(f"h{index}", ip=f"{host_ip(index)}/24", mac=host_mac(index))
+        net.addLink(host, leaves[leaf], intfName1=f"h{index}-eth0", intfName2=intf, **options)
+        ports[leaf][port] = intf
+        hosts.append(host)
+        leaf_of.append(leaf)
+    links = {}
+    for number, leaf in enumerate(leaves, start=1):
+        uplink, spine_side = f"l{number}-up", f"sp-eth{number}"
+        net.addLink(leaves[leaf], spine, intfName1=uplink, intfName2=spine_side, **options)
+        ports[leaf][len(ports[leaf]) + 1] = uplink
+        ports["spine"][number] = spine_side
+        links[leaf] = (uplink, spine_side)
+    net.build()
+    net.start()
+    for name in [i for switch in ports.values() for i in switch.values()]:
+        run("ip", "addr", "flush", "dev", name, check=False)  # switch ports, not addresses of the root
+        quiet_interface(name)
+    _controller_veth(len(ports["leaf1"]) + 1)
+    ports["leaf1"][len(ports["leaf1"]) + 1] = CONTROLLER_PORT_VETH
+    fabric = Fabric(net, hosts, leaf_of, ports, links)
+    _static_neighbours(Cluster(net, hosts, {}), extra=list(zip(LEAF_IPS, LEAF_MACS, strict=True)))
+    _count_link_packets(fabric)
+    return fabric
+
+
+def _count_link_packets(fabric: Fabric) -> None:
+    """nftables counters of the lhc packets (UDP to the lhc ports) arriving at each end of each
+    leaf-spine link: at the spine's end the leaf's partials going up, at the leaf's end the results down;
+    and of those arriving at each leaf from its first host (one per round and worker, retransmissions
+    aside)."""
+    first_port = {leaf: fabric.switch_ports[leaf][1] for leaf in fabric.links}
+    watched = [f"{leaf}-up {spine_side}" for leaf, (_, spine_side) in fabric.links.items()]
+    watched += [f"{leaf}-down {uplink}" for leaf, (uplink, _) in fabric.links.items()]
+    watched += [f"{leaf}-worker {intf}" for leaf, intf in first_port.items()]
+    lines = [f"table netdev {_COUNT_TABLE} {{"]
+    for item in watched:
+        name, device = item.split()
+        lines.append(f"  chain {name} {{ type filter hook ingress device {device} priority 0; "
+                     f"udp dport {LHC_UDP_PORTS} counter; }}")
+    lines.append("}")
+    run("nft", "delete", "table", "netdev", _COUNT_TABLE, check=False)
+    done = subprocess.run(["nft", "-f", "-"], input="\n".join(lines), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nftables could not count the leaf-spine links: {done.stderr}")
+
+
+def link_counts(fabric: Fabric) -> dict[str, dict[str, int]]:
+    """lhc packets and bytes counted so far, per chain (``leaf1-up``, ``leaf1-down``, ``leaf1-worker``...),
+    with each link interface's kernel byte counters."""
+    done = run("nft", "-j", "list", "table", "netdev", _COUNT_TABLE)
+    counts: dict[str, dict[str, int]] = {}
+    for item in json.loads(done.stdout)["nftables"]:
+        if "rule" in item:
+            counter = next(e["counter"] for e in item["rule"]["expr"] if "counter" in e)
+            counts[item["rule"]["chain"]] = {"packets": counter["packets"], "bytes": counter["bytes"]}
+    for uplink, spine_side in fabric.links.values():
+        for intf in (uplink, spine_side):
+            stats = Path(f"/sys/class/net/{intf}/statistics")
+            counts[intf] = {key: int((stats / key).read_text()) for key in ("rx_bytes", "tx_bytes")}
+    return counts
+
+
+def remove_link_counters() -> None:
+    run("nft", "delete", "table", "netdev", _COUNT_TABLE, check=False)

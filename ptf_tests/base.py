@@ -212,6 +212,13 @@ class LhcTest(BaseTest):
         )
         return job
 
+    def install_layout(self, layout: JobLayout) -> None:
+        """Install one switch's share of a job as admission describes it (e.g. a leaf's or a spine's,
+        from ``lhc_ina.fabric``): every entry and the group that ``job_entries`` gives for it."""
+        entries = job_entries(layout)
+        self.install(*(self._entry(spec) for spec in entries.tables),
+                     multicast_group_entry(entries.group.group_id, entries.group.replicas))
+
     def job_entry(self, job: Job) -> p4runtime_pb2.TableEntry:
         """The `jobs` entry of ``job`` (e.g. to MODIFY it with a new epoch), validated."""
         (spec,) = (s for s in job_entries(job.layout).tables if s.action == SET_JOB)

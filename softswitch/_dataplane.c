@@ -6,7 +6,8 @@
  *     Binds a softswitch.pipeline.Pipeline: its numpy registers and counters through the buffer protocol
  *     (held for the engine's life; Pipeline.reset fills them in place), its tables and PRE by reference.
  *     `layout` is the dict softswitch/native.py builds from the project's constants (every offset, width
- *     and code); `actions` maps set_job, admit_worker, route, set_port, set_replica_dst to P4Info names.
+ *     and code); `actions` maps set_job, admit_worker, set_uplink, route, set_port, set_replica_dst to
+ *     P4Info names.
  * inject(frame, ingress_port) -> [(port, bytes), ...]
  *     One frame through the pipeline, every copy it sends (Pipeline.inject's contract); for tests.
  * attach_udp(number, fd, template) / attach_raw(number, fd)
@@ -20,8 +21,9 @@
  *     While records is a list, burst appends (inbound, port, frame) for every frame it receives (before
  *     the pipeline rewrites it) and (outbound, port, frame) for every frame it queues on a port.
  *
- * Files: _dataplane_pipeline.c (the v1model program), _dataplane_tables.c (table lookups),
- * _dataplane_io.c (ports, bursts, sends through lhc_ina/udp_batch.c), this one (the type).
+ * Files: _dataplane_pipeline.c (the v1model program), _dataplane_slots.c (its @atomic block),
+ * _dataplane_tables.c (table lookups), _dataplane_io.c (ports, bursts, sends through
+ * lhc_ina/udp_batch.c), this one (the type).
  */
 #include "_dataplane.h"
 
@@ -86,6 +88,7 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs)
     e->pipeline = Py_NewRef(pipeline);
     struct { PyObject **slot; PyObject *owner; const char *name; int by_key; } want[] = {
         {&e->jobs_table, pipeline, "jobs", 0}, {&e->workers_table, pipeline, "workers", 0},
+        {&e->uplinks_table, pipeline, "uplinks", 0}, {&e->name_set_uplink, actions, "set_uplink", 1},
         {&e->l2_table, pipeline, "l2_forward", 0}, {&e->replicas_table, pipeline, "replicas", 0},
         {&e->lpm_table, pipeline, "ipv4_routes", 0}, {&e->pre, pipeline, "pre", 0},
         {&e->name_set_job, actions, "set_job", 1}, {&e->name_admit_worker, actions, "admit_worker", 1},
@@ -134,7 +137,8 @@ static void engine_dealloc(Engine *e)
     Py_CLEAR(e->pipeline); Py_CLEAR(e->jobs_table); Py_CLEAR(e->workers_table); Py_CLEAR(e->l2_table);
     Py_CLEAR(e->replicas_table); Py_CLEAR(e->lpm_table); Py_CLEAR(e->pre); Py_CLEAR(e->name_set_job);
     Py_CLEAR(e->name_admit_worker); Py_CLEAR(e->name_route); Py_CLEAR(e->name_set_port);
-    Py_CLEAR(e->name_set_replica_dst); Py_CLEAR(e->last_error); Py_CLEAR(e->capture);
+    Py_CLEAR(e->name_set_replica_dst); Py_CLEAR(e->uplinks_table); Py_CLEAR(e->name_set_uplink);
+    Py_CLEAR(e->last_error); Py_CLEAR(e->capture);
     io_free(e);
     Py_TYPE(e)->tp_free((PyObject *)e);
 }

@@ -31,13 +31,16 @@
     X(stat_absorbed) X(stat_result) X(stat_retx) X(stat_drop_duplicate) X(stat_drop_malformed)            \
     X(stat_drop_bad_type) X(stat_drop_bad_op) X(stat_drop_unknown_job) X(stat_drop_stale_epoch)           \
     X(stat_drop_slot_range) X(stat_drop_bad_worker) X(stat_drop_stale_round)                              \
+    X(stat_up) X(stat_up_retx) X(stat_drop_stale_result)                                                 \
     X(lanes) X(lane_bytes) X(slot_copies) X(num_stats) X(drop_port) X(max_port) X(rx_bytes) X(burst)      \
     X(udp_gso_segments) X(udp_gso_refusals) X(udp_gso_bytes)                                              \
     X(workers_job_shift) X(workers_worker_shift) X(workers_src_shift) X(workers_sport_shift)              \
     X(replicas_job_shift) X(lpm_width)                                                                    \
     X(set_job_len) X(job_index_at) X(slot_base_at) X(slot_count_at) X(fan_in_at) X(mcast_grp_at)          \
     X(epoch_at) X(worker_bit_at) X(route_len) X(route_port_at) X(route_src_mac_at) X(route_dst_mac_at)    \
-    X(set_port_at) X(replica_len) X(replica_dst_mac_at) X(replica_dst_addr_at) X(replica_dst_port_at)
+    X(set_port_at) X(replica_len) X(replica_dst_mac_at) X(replica_dst_addr_at) X(replica_dst_port_at)     \
+    X(uplink_len) X(uplink_port_at) X(uplink_worker_id_at) X(uplink_src_mac_at) X(uplink_dst_mac_at)      \
+    X(uplink_src_addr_at) X(uplink_dst_addr_at) X(uplink_src_port_at) X(uplink_dst_port_at)
 
 typedef struct {
 #define LAYOUT_MEMBER(name) long name;
@@ -50,7 +53,8 @@ typedef struct {
  * list between bursts, never during one. */
 typedef struct {
     int configured;
-    PyObject *jobs, *jobs_default, *workers, *l2, *l2_default, *replicas, *replicas_default;
+    PyObject *jobs, *jobs_default, *workers, *uplinks, *uplinks_default, *l2, *l2_default, *replicas;
+    PyObject *replicas_default;
     PyObject *lpm_by_len, *lpm_lens, *lpm_default, *groups;
 } Snapshot;
 
@@ -76,8 +80,10 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     Layout L;
-    PyObject *pipeline, *jobs_table, *workers_table, *l2_table, *replicas_table, *lpm_table, *pre;
+    PyObject *pipeline, *jobs_table, *workers_table, *uplinks_table, *l2_table, *replicas_table, *lpm_table;
+    PyObject *pre;
     PyObject *name_set_job, *name_admit_worker, *name_route, *name_set_port, *name_set_replica_dst;
+    PyObject *name_set_uplink;
     PyObject *last_error; /* the exception the last failed frame raised (None if none yet) */
     Py_buffer epoch, round, bitmap, remaining, values, stat_packets, stat_bytes;
     Py_ssize_t cells, max_slots, stat_cells;
@@ -97,10 +103,23 @@ typedef struct {
     long capture_in, capture_out; /* the direction codes its records carry (softswitch/capture.py) */
 } Engine;
 
+/* A leaf's set_uplink parameters (docs/switch.md, "Two levels"); `has` is 0 where the job has none. */
+typedef struct {
+    int has;
+    uint64_t port, worker_id, src_mac, dst_mac, src_addr, dst_addr, src_port, dst_port;
+} Uplink;
+
 /* _dataplane_pipeline.c: one frame through the v1model program; -1 with an exception set if a table
  * entry is unusable (the frame is then lost, as the Python pipeline's ValueError loses it). */
 int process_frame(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_port, Sink *sink);
 void ipv4_checksum(const Layout *L, uint8_t *rx);
+
+/* _dataplane_slots.c: the @atomic block. read_uplink: the job's uplinks entry (0, or -1 with an
+ * exception); aggregate (a DATA packet) and store_result (a leaf's parent's result) return the outcome. */
+int read_uplink(Engine *e, uint64_t job_id, Uplink *up);
+long aggregate(Engine *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint32_t step,
+               uint32_t worker_bit, uint64_t fan_in, uint8_t byte0, const Uplink *up);
+long store_result(Engine *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint8_t byte0);
 
 /* _dataplane_tables.c: the Python objects a burst reads, and lookups in them. */
 int snapshot_take(Engine *e);
@@ -139,5 +158,9 @@ static inline void put_be(uint8_t *p, long bytes, uint64_t value)
     for (long i = bytes - 1; i >= 0; i--, value >>= 8)
         p[i] = (uint8_t)value;
 }
+
+/* Ethernet, IPv4 and UDP fields other than addresses are 16 bits wide (RFC 791, RFC 768). */
+static inline uint64_t get16(const uint8_t *p) { return get_be(p, 2); }
+static inline void put16(uint8_t *p, uint64_t v) { put_be(p, 2, v); }
 
 #endif

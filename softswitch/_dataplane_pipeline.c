@@ -5,7 +5,8 @@
  *
  * Tables are the Python dicts themselves (ExactTable.entries, LpmTable._by_len, MulticastGroups.groups),
  * looked up with the GIL held under the switch lock (_dataplane_tables.c); registers and counters are the
- * Pipeline's numpy arrays through the buffer protocol. Nothing here keeps a copy of either.
+ * Pipeline's numpy arrays through the buffer protocol. Nothing here keeps a copy of either. The @atomic
+ * block (the slot registers) is _dataplane_slots.c.
  */
 #include "_dataplane.h"
 
@@ -13,10 +14,6 @@
 
 /* Parser outcome: the deepest header extracted (pipeline.py's _NONE .. _PAYLOAD_VALID). */
 enum { LEVEL_NONE, LEVEL_ETHERNET, LEVEL_IPV4, LEVEL_UDP, LEVEL_LHC, LEVEL_PAYLOAD };
-
-/* Ethernet, IPv4 and UDP fields other than addresses are 16 bits wide (RFC 791, RFC 768). */
-static inline uint64_t get16(const uint8_t *p) { return get_be(p, 2); }
-static inline void put16(uint8_t *p, uint64_t v) { put_be(p, 2, v); }
 
 /* LhcParser: the deepest header extracted; *error when the parser hit the end (PacketTooShort). */
 static int parse(const Layout *L, const uint8_t *rx, Py_ssize_t length, int *error)
@@ -116,92 +113,13 @@ static int replicate(Engine *e, uint8_t *rx, uint64_t group_id, Py_ssize_t lengt
     return status;
 }
 
-/* The @atomic block (pipeline.py _aggregate and _retransmit): returns the outcome, -1 never. */
-static long aggregate(Engine *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint32_t step,
-                      uint32_t worker_bit, uint64_t fan_in, uint8_t byte0)
-{
-    const Layout *L = &e->L;
-    uint16_t *epochs = e->epoch.buf;
-    uint32_t *rounds = e->round.buf, *bitmaps = e->bitmap.buf;
-    uint8_t *remainings = e->remaining.buf;
-    uint32_t *row = (uint32_t *)e->values.buf + cell * L->lanes;
-    uint8_t *payload = rx + L->frame_payload;
-    uint32_t bitmap = 0;
-    uint8_t remaining = 0;
-    int starts;
-    if (epochs[cell] != epoch) { /* lazy reset of this copy: the packet starts its first round */
-        epochs[cell] = (uint16_t)epoch;
-        starts = 1;
-    } else {
-        remaining = remainings[cell];
-        uint32_t round = rounds[cell];
-        if (seq == round) {
-            bitmap = bitmaps[cell];
-            if (remaining == 0) { /* a repeat of the finished round: answer the sender */
-                for (long i = 0; i < L->lanes; i++)
-                    put_be(payload + i * L->lane_bytes, L->lane_bytes, row[i]);
-                rx[L->lhc_byte0] = (uint8_t)((L->msg_result_retx << L->type_shift) | (byte0 & L->byte0_keep));
-                put_be(rx + L->lhc_bitmap, L->bitmap_bytes, bitmap);
-                uint8_t swap[8];
-                long pairs[3][2] = {{L->eth_dst, L->eth_src}, {L->ip_src, L->ip_dst}, {L->udp_sport, L->udp_dport}};
-                long sizes[3] = {L->mac_bytes, L->ip_addr_bytes, L->udp_port_bytes};
-                for (int k = 0; k < 3; k++) {
-                    memcpy(swap, rx + pairs[k][0], sizes[k]);
-                    memcpy(rx + pairs[k][0], rx + pairs[k][1], sizes[k]);
-                    memcpy(rx + pairs[k][1], swap, sizes[k]);
-                }
-                put16(rx + L->udp_checksum, 0);
-                return L->stat_retx;
-            }
-            if (bitmap & worker_bit)
-                return L->stat_drop_duplicate;
-            starts = 0;
-        } else if (remaining == 0 && seq == (uint32_t)(round + step)) {
-            starts = 1;
-        } else {
-            return L->stat_drop_stale_round;
-        }
-    }
-    if (starts) { /* first of a round: the packet's words become the value (and stay the payload) */
-        for (long i = 0; i < L->lanes; i++)
-            row[i] = (uint32_t)get_be(payload + i * L->lane_bytes, L->lane_bytes);
-        bitmap = worker_bit;
-        remaining = (uint8_t)(fan_in - 1);
-        rounds[cell] = seq;
-    } else {
-        if (((byte0 >> L->op_shift) & L->op_mask) == L->op_add) {
-            for (long i = 0; i < L->lanes; i++) /* uint32: wraps mod 2^32 */
-                row[i] += (uint32_t)get_be(payload + i * L->lane_bytes, L->lane_bytes);
-        } else {
-            for (long i = 0; i < L->lanes; i++)
-                row[i] |= (uint32_t)get_be(payload + i * L->lane_bytes, L->lane_bytes);
-        }
-        bitmap |= worker_bit;
-        remaining = (uint8_t)(remaining - 1);
-        if (remaining == 0)
-            for (long i = 0; i < L->lanes; i++)
-                put_be(payload + i * L->lane_bytes, L->lane_bytes, row[i]);
-    }
-    bitmaps[cell] = bitmap;
-    remainings[cell] = remaining;
-    if (remaining)
-        return L->stat_absorbed;
-    /* the last contribution: the packet becomes the result, sourced from the switch's address */
-    rx[L->lhc_byte0] = (uint8_t)((L->msg_result << L->type_shift) | (byte0 & L->byte0_keep));
-    put_be(rx + L->lhc_bitmap, L->bitmap_bytes, bitmap);
-    memcpy(rx + L->eth_src, rx + L->eth_dst, L->mac_bytes);
-    memcpy(rx + L->ip_src, rx + L->ip_dst, L->ip_addr_bytes);
-    memcpy(rx + L->udp_sport, rx + L->udp_dport, L->udp_port_bytes);
-    put16(rx + L->udp_checksum, 0);
-    return L->stat_result;
-}
-
 /* LhcIngress, the is_lhc branch (pipeline.py _lhc_ingress): steps 1-8, the counter, the fate. */
 static int lhc_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_port, int level, int error,
                        Sink *sink)
 {
     const Layout *L = &e->L;
     uint64_t job_index = 0, job_id = 0, mcast_grp = 0;
+    Uplink up = {0};
     long stat;
     if (error || level != LEVEL_PAYLOAD) {
         stat = L->stat_drop_malformed;
@@ -211,11 +129,22 @@ static int lhc_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_p
         uint64_t slot = get_be(rx + L->lhc_slot, L->slot_bytes), epoch = get_be(rx + L->lhc_epoch, L->epoch_bytes);
         uint32_t seq = (uint32_t)get_be(rx + L->lhc_seq, L->seq_bytes);
         job_id = get_be(rx + L->lhc_job_id, L->job_id_bytes);
-        if (get16(rx + L->udp_len) != (uint64_t)L->udp_length
-            || get16(rx + L->ip_total_len) != (uint64_t)L->ipv4_total_length
-            || ((byte0 >> L->flags_shift) & L->flags_mask)) {
+        long msg_type = byte0 >> L->type_shift;
+        int well_formed = get16(rx + L->udp_len) == (uint64_t)L->udp_length
+                          && get16(rx + L->ip_total_len) == (uint64_t)L->ipv4_total_length
+                          && !((byte0 >> L->flags_shift) & L->flags_mask);
+        int from_parent = 0;
+        if (well_formed) {
+            if (read_uplink(e, job_id, &up) < 0)
+                return -1;
+            /* a result is taken only by a leaf, only from its parent: address, UDP port, switch port */
+            from_parent = up.has && (msg_type == L->msg_result || msg_type == L->msg_result_retx)
+                          && get_be(rx + L->ip_src, L->ip_addr_bytes) == up.dst_addr
+                          && get16(rx + L->udp_sport) == up.dst_port && (uint64_t)ingress_port == up.port;
+        }
+        if (!well_formed) {
             stat = L->stat_drop_malformed;
-        } else if ((byte0 >> L->type_shift) != L->msg_data) {
+        } else if (msg_type != L->msg_data && !from_parent) {
             stat = L->stat_drop_bad_type;
         } else if (((byte0 >> L->op_shift) & L->op_mask) > L->op_or) {
             stat = L->stat_drop_bad_op;
@@ -239,6 +168,10 @@ static int lhc_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_p
                     stat = L->stat_drop_stale_epoch;
                 } else if (slot >= slot_count || slot_base + slot >= (uint64_t)e->max_slots) {
                     stat = L->stat_drop_slot_range;
+                } else if (from_parent) {
+                    Py_ssize_t cell = (Py_ssize_t)((slot_base + slot) * L->slot_copies
+                                                   + ((byte0 >> L->ver_shift) & L->ver_mask));
+                    stat = store_result(e, rx, cell, epoch, seq, byte0);
                 } else {
                     unsigned __int128 key = ((unsigned __int128)job_id << L->workers_job_shift)
                         | ((unsigned __int128)worker_id << L->workers_worker_shift)
@@ -258,7 +191,7 @@ static int lhc_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_p
                         Py_ssize_t cell = (Py_ssize_t)((slot_base + slot) * L->slot_copies
                                                        + ((byte0 >> L->ver_shift) & L->ver_mask));
                         stat = aggregate(e, rx, cell, epoch, seq, (uint32_t)(slot_count << 1),
-                                         (uint32_t)worker_bit, fan_in, byte0);
+                                         (uint32_t)worker_bit, fan_in, byte0, &up);
                     }
                 }
             }
@@ -273,6 +206,8 @@ static int lhc_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_p
         return replicate(e, rx, mcast_grp, length, sink);
     if (stat == L->stat_retx)
         return egress(e, rx, ingress_port, 0, 1, length, sink);
+    if (stat == L->stat_up || stat == L->stat_up_retx)
+        return egress(e, rx, (long)up.port, 0, 1, length, sink);
     return 0;
 }
 

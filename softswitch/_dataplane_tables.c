@@ -23,7 +23,8 @@ int snapshot_take(Engine *e)
         return -1;
     struct { PyObject **slot; PyObject *owner; const char *name; } want[] = {
         {&s->jobs, e->jobs_table, "entries"}, {&s->jobs_default, e->jobs_table, "default"},
-        {&s->workers, e->workers_table, "entries"}, {&s->l2, e->l2_table, "entries"},
+        {&s->workers, e->workers_table, "entries"}, {&s->uplinks, e->uplinks_table, "entries"},
+        {&s->uplinks_default, e->uplinks_table, "default"}, {&s->l2, e->l2_table, "entries"},
         {&s->l2_default, e->l2_table, "default"}, {&s->replicas, e->replicas_table, "entries"},
         {&s->replicas_default, e->replicas_table, "default"}, {&s->lpm_by_len, e->lpm_table, "_by_len"},
         {&s->lpm_lens, e->lpm_table, "_lens"}, {&s->lpm_default, e->lpm_table, "default"},
@@ -36,7 +37,8 @@ int snapshot_take(Engine *e)
             return -1;
         }
     }
-    if (!PyDict_Check(s->jobs) || !PyDict_Check(s->workers) || !PyDict_Check(s->l2) || !PyDict_Check(s->replicas)
+    if (!PyDict_Check(s->jobs) || !PyDict_Check(s->workers) || !PyDict_Check(s->uplinks) || !PyDict_Check(s->l2)
+        || !PyDict_Check(s->replicas)
         || !PyDict_Check(s->lpm_by_len) || !PyList_Check(s->lpm_lens) || !PyDict_Check(s->groups)) {
         PyErr_SetString(PyExc_TypeError, "a table's entries are not the dict (or list) the pipeline keeps");
         snapshot_drop(e);
@@ -48,7 +50,8 @@ int snapshot_take(Engine *e)
 void snapshot_drop(Engine *e)
 {
     Snapshot *s = &e->s;
-    Py_CLEAR(s->jobs); Py_CLEAR(s->jobs_default); Py_CLEAR(s->workers); Py_CLEAR(s->l2);
+    Py_CLEAR(s->jobs); Py_CLEAR(s->jobs_default); Py_CLEAR(s->workers); Py_CLEAR(s->uplinks);
+    Py_CLEAR(s->uplinks_default); Py_CLEAR(s->l2);
     Py_CLEAR(s->l2_default); Py_CLEAR(s->replicas); Py_CLEAR(s->replicas_default);
     Py_CLEAR(s->lpm_by_len); Py_CLEAR(s->lpm_lens); Py_CLEAR(s->lpm_default); Py_CLEAR(s->groups);
 }

@@ -105,6 +105,9 @@ def layout(pipeline: Pipeline, burst: int) -> dict[str, int]:
         **_action_layout(program.ROUTE, {"port": "route_port_at", "src_mac": "route_src_mac_at",
                                          "dst_mac": "route_dst_mac_at"}, "route_len"),
         **_action_layout(program.SET_PORT, {"port": "set_port_at"}),
+        **_action_layout(program.SET_UPLINK, {name: f"uplink_{name}_at" for name in (
+            "port", "worker_id", "src_mac", "dst_mac", "src_addr", "dst_addr", "src_port", "dst_port")},
+            "uplink_len"),
         **_action_layout(program.SET_REPLICA_DST, {name: f"replica_{name}_at" for name in (
             "dst_mac", "dst_addr", "dst_port")}, "replica_len"),
     }
@@ -120,7 +123,8 @@ class NativePipeline:
         assert _native is not None
         self.pipeline = pipeline
         actions = {"set_job": program.SET_JOB, "admit_worker": program.ADMIT_WORKER, "route": program.ROUTE,
-                   "set_port": program.SET_PORT, "set_replica_dst": program.SET_REPLICA_DST}
+                   "set_port": program.SET_PORT, "set_replica_dst": program.SET_REPLICA_DST,
+                   "set_uplink": program.SET_UPLINK}
         self.engine = _native.Engine(pipeline, layout(pipeline, burst), actions)
         self.burst = self.engine.burst
         self.flush = self.engine.flush

@@ -10,8 +10,7 @@ Why this shape: the hot path is one struct unpack of every header field the lhc 
 for the tables, memoryviews over numpy registers for the per-cell scalars (a memoryview index is a third of
 a numpy scalar index), and one numpy ufunc over the ``LANES`` words, whose view into ``rx`` is made once.
 
-Registers are indexed as in the P4 program: ``cell = (slot_base + slot) * SLOT_COPIES + ver`` and a lane
-``i`` of ``slot_values`` at ``cell * LANES + i`` (here ``slot_values[cell, i]``).
+The slot registers and the ``@atomic`` block live in ``softswitch.slots``, which ``Pipeline`` inherits.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from lhc_ina.wire import (
     FRAME_PAYLOAD,
     FRAME_UDP,
     HEADER_OFFSETS,
-    HEADER_SHIFTS,
     IP_CHECKSUM,
     IP_DST,
     IP_FRAG,
@@ -43,7 +41,6 @@ from lhc_ina.wire import (
     IP_TOTAL_LEN,
     IP_TTL,
     IPV4_VERSION_IHL,
-    UDP_CHECKSUM,
     UDP_DPORT,
     UDP_LEN,
     UDP_SPORT,
@@ -55,10 +52,25 @@ from softswitch.program import (
     SET_JOB,
     SET_PORT,
     SET_REPLICA_DST,
+    SET_UPLINK,
     STATS_COUNTER,
     TABLES,
     check_p4info,
     initial_default,
+)
+from softswitch.slots import (
+    BYTE0,
+    FLAGS_MASK,
+    FLAGS_SHIFT,
+    JOB_ID,
+    OP_MASK,
+    OP_SHIFT,
+    RX_BYTES,
+    TYPE_SHIFT,
+    U16,
+    U32,
+    VER_SHIFT,
+    SlotRegisters,
 )
 from softswitch.tables import ExactTable, LpmTable, Table
 
@@ -68,21 +80,7 @@ Emit = Callable[[int, memoryview], None]
 
 #: v1model's drop port: ``mark_to_drop`` sets egress_spec to it (BMv2 default for 9-bit ports).
 DROP_PORT = 511
-#: The receive buffer: the largest UDP datagram behind a synthesized Ethernet/IPv4/UDP header, which also
-#: covers any Ethernet frame an AF_PACKET socket delivers.
-RX_BYTES = 65536 + 64
-
-# lhc byte 0 packs msg_type, op, ver and flags; positions from constants.HEADER_FIELDS.
-_BYTE0 = FRAME_LHC + HEADER_OFFSETS["msg_type"]
-_WIDTHS = dict(c.HEADER_FIELDS)
-_TYPE_SHIFT, _OP_SHIFT, _VER_SHIFT, _FLAGS_SHIFT = (
-    HEADER_SHIFTS[field] for field in ("msg_type", "op", "ver", "flags")
-)
-_OP_MASK, _FLAGS_MASK = (1 << _WIDTHS["op"]) - 1, (1 << _WIDTHS["flags"]) - 1
-_BYTE0_KEEP = (1 << _TYPE_SHIFT) - 1  # op, ver, flags travel into results; msg_type is rewritten
-_JOB_ID = FRAME_LHC + HEADER_OFFSETS["job_id"]
-_BITMAP = FRAME_LHC + HEADER_OFFSETS["bitmap"]
-assert all(HEADER_OFFSETS[f] == HEADER_OFFSETS["msg_type"] for f in ("op", "ver", "flags"))
+__all__ = ["DROP_PORT", "RX_BYTES", "Emit", "Pipeline"]
 
 
 def _reader(fields: list[tuple[int, str]]) -> struct.Struct:
@@ -102,26 +100,24 @@ def _reader(fields: list[tuple[int, str]]) -> struct.Struct:
 _HEADERS = _reader([
     (ETH_TYPE, "H"), (FRAME_IPV4, "B"), (IP_TOTAL_LEN, "H"), (IP_FRAG, "H"), (IP_PROTO, "B"),
     (IP_SRC.start, "I"), (IP_DST.start, "I"), (UDP_SPORT.start, "H"), (UDP_DPORT.start, "H"),
-    (UDP_LEN, "H"), (_BYTE0, "B"), (FRAME_LHC + HEADER_OFFSETS["worker_id"], "B"), (_JOB_ID, "H"),
+    (UDP_LEN, "H"), (BYTE0, "B"), (FRAME_LHC + HEADER_OFFSETS["worker_id"], "B"), (JOB_ID, "H"),
     (FRAME_LHC + HEADER_OFFSETS["slot"], "H"), (FRAME_LHC + HEADER_OFFSETS["epoch"], "H"),
     (FRAME_LHC + HEADER_OFFSETS["seq"], "I"),
 ])
 _IPV4_WORDS = struct.Struct(f"!{c.IPV4_BYTES // 2}H")
 _IP_CHECKSUM_WORD = (IP_CHECKSUM - FRAME_IPV4) // 2
-_U16 = struct.Struct("!H")
-_U32 = struct.Struct("!I")
+_U16, _U32 = U16, U32
 
 # Plain ints for the hot path: an IntEnum member or a module attribute costs a lookup per use.
 _S = c.Stat
-_ABSORBED, _RESULT, _RETX = int(_S.ABSORBED), int(_S.RESULT), int(_S.RETX)
-_DROP_DUPLICATE, _DROP_MALFORMED = int(_S.DROP_DUPLICATE), int(_S.DROP_MALFORMED)
+_RESULT, _RETX, _UP, _UP_RETX = int(_S.RESULT), int(_S.RETX), int(_S.UP), int(_S.UP_RETX)
+_DROP_MALFORMED = int(_S.DROP_MALFORMED)
 _DROP_BAD_TYPE, _DROP_BAD_OP = int(_S.DROP_BAD_TYPE), int(_S.DROP_BAD_OP)
 _DROP_UNKNOWN_JOB, _DROP_STALE_EPOCH = int(_S.DROP_UNKNOWN_JOB), int(_S.DROP_STALE_EPOCH)
 _DROP_SLOT_RANGE, _DROP_BAD_WORKER = int(_S.DROP_SLOT_RANGE), int(_S.DROP_BAD_WORKER)
-_DROP_STALE_ROUND = int(_S.DROP_STALE_ROUND)
 _DATA, _RESULT_TYPE = int(c.MsgType.DATA), int(c.MsgType.RESULT)
 _RESULT_RETX_TYPE = int(c.MsgType.RESULT_RETX)
-_OP_ADD, _OP_OR = int(c.Op.ADD), int(c.Op.OR)
+_OP_OR = int(c.Op.OR)
 _PORT_MASK, _PORT_BASE = c.UDP_PORT_MASK, c.UDP_PORT_BASE
 _UDP_LENGTH, _IPV4_TOTAL_LENGTH = c.UDP_LENGTH, c.IPV4_TOTAL_LENGTH
 _NUM_STATS, _SLOT_COPIES = c.NUM_STATS, c.SLOT_COPIES
@@ -129,7 +125,7 @@ _NUM_STATS, _SLOT_COPIES = c.NUM_STATS, c.SLOT_COPIES
 # Parser outcome: the deepest header extracted (each level implies the ones before it are valid).
 _NONE, _ETHERNET, _IPV4_VALID, _UDP_VALID, _LHC_VALID, _PAYLOAD_VALID = range(6)
 
-class Pipeline:
+class Pipeline(SlotRegisters):
     """Tables, PRE, registers and counters of one switch, and ``process`` to run a frame through them."""
 
     def __init__(self, p4info: P4InfoIndex) -> None:
@@ -147,6 +143,7 @@ class Pipeline:
         self.tables = tables
         self.jobs: ExactTable = tables["LhcIngress.jobs"]  # type: ignore[assignment]
         self.workers: ExactTable = tables["LhcIngress.workers"]  # type: ignore[assignment]
+        self.uplinks: ExactTable = tables["LhcIngress.uplinks"]  # type: ignore[assignment]
         # A worker's key (job, worker id, IPv4 source, UDP source, ingress port) packed as pack_key does.
         self._worker_shifts = tuple(sum(self.workers.widths[i + 1:]) for i in range(len(self.workers.widths)))
         self.ipv4_routes: LpmTable = tables["LhcIngress.ipv4_routes"]  # type: ignore[assignment]
@@ -154,29 +151,13 @@ class Pipeline:
         self.replicas: ExactTable = tables["LhcEgress.replicas"]  # type: ignore[assignment]
         self.pre = MulticastGroups()
 
-        cells = p4info.register("LhcIngress.slot_epoch").size
-        self.slot_epoch = np.zeros(cells, np.uint16)
-        self.slot_round = np.zeros(cells, np.uint32)
-        self.slot_bitmap = np.zeros(cells, np.uint32)
-        self.slot_remaining = np.zeros(cells, np.uint8)
-        self.slot_values = np.zeros((cells, c.LANES), np.uint32)
-        self.max_slots = cells // _SLOT_COPIES
+        super().__init__(p4info.register("LhcIngress.slot_epoch").size)
         stats = p4info.counter(STATS_COUNTER).size
         self.stats_packets = np.zeros(stats, np.uint64)
         self.stats_bytes = np.zeros(stats, np.uint64)
-        # Scalar views: indexing a memoryview returns a Python int, three times faster than numpy.
-        self._epoch = memoryview(self.slot_epoch)
-        self._round = memoryview(self.slot_round)
-        self._bitmap = memoryview(self.slot_bitmap)
-        self._remaining = memoryview(self.slot_remaining)
-        self._rows = list(self.slot_values)  # one view per cell, made once
         self._stat_packets = memoryview(self.stats_packets)
         self._stat_bytes = memoryview(self.stats_bytes)
         self._stat_cells = stats
-
-        self.rx = bytearray(RX_BYTES)
-        self.rxv = memoryview(self.rx)
-        self._payload = np.frombuffer(self.rx, ">u4", c.LANES, FRAME_PAYLOAD)
         #: False until a pipeline config is committed: BMv2 without a program forwards nothing.
         self.configured = False
 
@@ -185,8 +166,8 @@ class Pipeline:
         for table in self.tables.values():
             table.reset()
         self.pre.reset()
-        for array in (self.slot_epoch, self.slot_round, self.slot_bitmap, self.slot_remaining,
-                      self.slot_values, self.stats_packets, self.stats_bytes):
+        self.reset_registers()
+        for array in (self.stats_packets, self.stats_bytes):
             array.fill(0)
 
     # --- V1Switch ----------------------------------------------------------------------------------
@@ -232,7 +213,7 @@ class Pipeline:
     # --- LhcIngress: lhc packets -------------------------------------------------------------------
     def _lhc_ingress(self, length: int, ingress_port: int, level: int, error: bool, emit: Emit) -> None:
         """LhcIngress.apply, the ``is_lhc`` branch: steps 1-8 of docs/switch.md, then the counter and the
-        packet's fate (multicast RESULT, unicast RESULT_RETX, or drop)."""
+        packet's fate (multicast RESULT, unicast RESULT_RETX, a leaf's partial up, or drop)."""
         rx = self.rx
         job_index = 0
         if error or level != _PAYLOAD_VALID:
@@ -241,12 +222,25 @@ class Pipeline:
             (_, _, total_len, _, _, src, _, sport, _, udp_len, byte0, worker_id, job_id, slot, epoch, seq) = (
                 _HEADERS.unpack_from(rx)
             )
-            flags = (byte0 >> _FLAGS_SHIFT) & _FLAGS_MASK
-            if udp_len != _UDP_LENGTH or total_len != _IPV4_TOTAL_LENGTH or flags:
+            flags = (byte0 >> FLAGS_SHIFT) & FLAGS_MASK
+            msg_type = byte0 >> TYPE_SHIFT
+            uplink = None
+            from_parent = False
+            well_formed = udp_len == _UDP_LENGTH and total_len == _IPV4_TOTAL_LENGTH and not flags
+            if well_formed:
+                uplink = self.uplinks.entries.get(job_id) or self.uplinks.default
+                if uplink[0] != SET_UPLINK:  # no_uplink: not a leaf of this job
+                    uplink = None
+                # A result is taken only by a leaf, only from its parent: address, UDP port, switch port.
+                from_parent = (
+                    uplink is not None and msg_type in (_RESULT_TYPE, _RESULT_RETX_TYPE)
+                    and src == uplink[6] and sport == uplink[8] and ingress_port == uplink[1]
+                )  # set_uplink(port, worker_id, src_mac, dst_mac, src_addr, dst_addr, src_port, dst_port)
+            if not well_formed:
                 stat = _DROP_MALFORMED
-            elif byte0 >> _TYPE_SHIFT != _DATA:
+            elif msg_type != _DATA and not from_parent:
                 stat = _DROP_BAD_TYPE
-            elif (byte0 >> _OP_SHIFT) & _OP_MASK > _OP_OR:
+            elif (byte0 >> OP_SHIFT) & OP_MASK > _OP_OR:
                 stat = _DROP_BAD_OP
             else:
                 job = self.jobs.entries.get(job_id)
@@ -260,6 +254,9 @@ class Pipeline:
                         stat = _DROP_STALE_EPOCH
                     elif slot >= slot_count or slot_base + slot >= self.max_slots:
                         stat = _DROP_SLOT_RANGE
+                    elif from_parent:
+                        cell = (slot_base + slot) * _SLOT_COPIES + ((byte0 >> VER_SHIFT) & 1)
+                        stat = self._store_result(cell, epoch, seq, byte0)
                     else:
                         s_job, s_worker, s_src, s_sport, _ = self._worker_shifts
                         worker = self.workers.entries.get(
@@ -270,13 +267,14 @@ class Pipeline:
                             stat = _DROP_BAD_WORKER
                         else:
                             stat = self._aggregate(
-                                (slot_base + slot) * _SLOT_COPIES + ((byte0 >> _VER_SHIFT) & 1),
+                                (slot_base + slot) * _SLOT_COPIES + ((byte0 >> VER_SHIFT) & 1),
                                 epoch,
                                 seq,
                                 slot_count << 1,
                                 worker[1] if worker[0] == ADMIT_WORKER else 0,
                                 fan_in,
                                 byte0,
+                                uplink,
                             )
         index = job_index * _NUM_STATS + stat
         if index < self._stat_cells:  # an index past the counter counts nothing
@@ -286,70 +284,8 @@ class Pipeline:
             self._replicate(mcast_grp, job_id, length, emit)
         elif stat == _RETX:
             self._egress(ingress_port, 0, True, length, emit)
-
-    def _aggregate(self, cell: int, epoch: int, seq: int, step: int, worker_bit: int, fan_in: int,
-                   byte0: int) -> int:
-        """LhcIngress's ``@atomic`` block: lazy reset, round check, duplicate check, first/ADD/OR,
-        completion. ``step`` is 2 * slot_count: the distance in seq from a copy's round to its next one.
-        Rewrites the packet into a RESULT or RESULT_RETX when that is the outcome; returns the outcome."""
-        bitmaps, remainings, rounds = self._bitmap, self._remaining, self._round
-        rx = self.rx
-        if self._epoch[cell] != epoch:  # lazy reset of this copy only: the packet starts its first round
-            self._epoch[cell] = epoch
-            starts = True
-        else:
-            remaining = remainings[cell]
-            round_ = rounds[cell]
-            if seq == round_:
-                bitmap = bitmaps[cell]
-                if not remaining:  # a repeat of the finished round: answer it
-                    return self._retransmit(cell, bitmap, byte0)
-                if bitmap & worker_bit:
-                    return _DROP_DUPLICATE
-                starts = False
-            elif not remaining and seq == (round_ + step) & 0xFFFFFFFF:
-                starts = True
-            else:
-                return _DROP_STALE_ROUND
-        row = self._rows[cell]
-        if starts:  # first of a round: the packet's words become the value (and stay the payload)
-            np.copyto(row, self._payload)
-            bitmap = worker_bit
-            remaining = (fan_in - 1) & 0xFF
-            rounds[cell] = seq
-        else:
-            if (byte0 >> _OP_SHIFT) & _OP_MASK == _OP_ADD:
-                np.add(row, self._payload, out=row)  # uint32: wraps mod 2^32
-            else:
-                np.bitwise_or(row, self._payload, out=row)
-            bitmap |= worker_bit
-            remaining = (remaining - 1) & 0xFF
-            if not remaining:
-                self._payload[:] = row
-        bitmaps[cell] = bitmap
-        remainings[cell] = remaining
-        if remaining:
-            return _ABSORBED
-        # The last contribution: the packet becomes the result, sourced from the switch's address.
-        rx[_BYTE0] = (_RESULT_TYPE << _TYPE_SHIFT) | (byte0 & _BYTE0_KEEP)
-        _U32.pack_into(rx, _BITMAP, bitmap)
-        rx[ETH_SRC] = rx[ETH_DST]
-        rx[IP_SRC] = rx[IP_DST]
-        rx[UDP_SPORT] = rx[UDP_DPORT]
-        _U16.pack_into(rx, UDP_CHECKSUM, 0)
-        return _RESULT
-
-    def _retransmit(self, cell: int, bitmap: int, byte0: int) -> int:
-        """A repeat of a finished round: the stored result goes back to the sender (RESULT_RETX)."""
-        rx = self.rx
-        self._payload[:] = self._rows[cell]
-        rx[_BYTE0] = (_RESULT_RETX_TYPE << _TYPE_SHIFT) | (byte0 & _BYTE0_KEEP)
-        _U32.pack_into(rx, _BITMAP, bitmap)
-        rx[ETH_DST], rx[ETH_SRC] = rx[ETH_SRC], rx[ETH_DST]
-        rx[IP_SRC], rx[IP_DST] = rx[IP_DST], rx[IP_SRC]
-        rx[UDP_SPORT], rx[UDP_DPORT] = rx[UDP_DPORT], rx[UDP_SPORT]
-        _U16.pack_into(rx, UDP_CHECKSUM, 0)
-        return _RETX
+        elif stat in (_UP, _UP_RETX):
+            self._egress(uplink[1], 0, True, length, emit)  # type: ignore[index]
 
     # --- LhcIngress: everything else ---------------------------------------------------------------
     def _forward_ingress(self, length: int, level: int, emit: Emit) -> None:
@@ -395,8 +331,8 @@ class Pipeline:
         if port == DROP_PORT:
             return
         rx = self.rx
-        if is_lhc and rx[_BYTE0] >> _TYPE_SHIFT == _RESULT_TYPE:
-            action = self.replicas.entries.get(_U16.unpack_from(rx, _JOB_ID)[0] << 16 | egress_rid)
+        if is_lhc and rx[BYTE0] >> TYPE_SHIFT == _RESULT_TYPE:
+            action = self.replicas.entries.get(_U16.unpack_from(rx, JOB_ID)[0] << 16 | egress_rid)
             if action is None:
                 action = self.replicas.default
             if action[0] != SET_REPLICA_DST:

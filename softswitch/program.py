@@ -16,6 +16,8 @@ SET_JOB = "LhcIngress.set_job"
 UNKNOWN_JOB = "LhcIngress.unknown_job"
 ADMIT_WORKER = "LhcIngress.admit_worker"
 REJECT_WORKER = "LhcIngress.reject_worker"
+SET_UPLINK = "LhcIngress.set_uplink"
+NO_UPLINK = "LhcIngress.no_uplink"
 ROUTE = "LhcIngress.route"
 SET_PORT = "LhcIngress.set_port"
 DROP = "LhcIngress.drop"
@@ -30,6 +32,7 @@ TABLES: dict[str, tuple[tuple[tuple[str, int], ...], str]] = {
          ("hdr.udp.src_port", 16), ("standard_metadata.ingress_port", 9)),
         "exact",
     ),
+    "LhcIngress.uplinks": ((("hdr.lhc.job_id", 16),), "exact"),
     "LhcIngress.ipv4_routes": ((("hdr.ipv4.dst_addr", 32),), "lpm"),
     "LhcIngress.l2_forward": ((("hdr.ethernet.dst_addr", 48),), "exact"),
     "LhcEgress.replicas": ((("hdr.lhc.job_id", 16), ("standard_metadata.egress_rid", 16)), "exact"),
@@ -43,6 +46,11 @@ ACTIONS: dict[str, tuple[tuple[str, int], ...]] = {
     UNKNOWN_JOB: (),
     ADMIT_WORKER: (("worker_bit", 32),),
     REJECT_WORKER: (),
+    SET_UPLINK: (
+        ("port", 9), ("worker_id", 8), ("src_mac", 48), ("dst_mac", 48), ("src_addr", 32), ("dst_addr", 32),
+        ("src_port", 16), ("dst_port", 16),
+    ),
+    NO_UPLINK: (),
     ROUTE: (("port", 9), ("src_mac", 48), ("dst_mac", 48)),
     SET_PORT: (("port", 9),),
     DROP: (),

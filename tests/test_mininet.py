@@ -26,11 +26,32 @@ def leftovers() -> list[str]:
     """Interfaces and processes an emulation run creates, if any survived it."""
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     names = [line.split(":")[1].strip().split("@")[0] for line in links.splitlines()]
-    ours = [n for n in names if n.startswith(("s1-eth", "lhcctl")) or (n.startswith("h") and "-eth" in n)]
+    ours = [n for n in names if n.startswith(("s1-eth", "lhcctl", "l1-", "l2-", "sp-eth"))
+            or (n.startswith("h") and "-eth" in n)]
     procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
     ours += [p for p in procs if "mnexec" in p or ("softswitch.cli" in p and "--port" in p)
              or ("lhc_demo.worker" in p and "--host" in p)]
     return ours
+
+
+def test_two_leaves_and_a_spine_aggregate_exactly_one_packet_per_leaf_and_round(tmp_path: Path) -> None:
+    done = subprocess.run([*RUNNER, "--topology", "leafspine", "--workers", "4", "--workload", "bench",
+                           "--length", "20000", "--bw", "0", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    rows = [line for line in lines if "mode" in line]
+    assert len(rows) == 4 * 3 and all(row["exact"] and row["topology"] == "leafspine" for row in rows)
+    links = lines[-1]["leaf_spine_links"]["bench"]
+    assert set(links) == {"leaf1", "leaf2"}
+    for leaf, counts in links.items():
+        # One partial up and one result down per round (a worker's packet), retransmissions aside: a leaf
+        # that sent one packet per worker would show 2.0, one that sent nothing 0.
+        assert counts["worker_packets"] > 100, (leaf, counts)
+        assert 0.8 <= counts["up_per_worker_packet"] <= 1.25, (leaf, counts)
+        assert 0.8 <= counts["down_per_worker_packet"] <= 1.25, (leaf, counts)
+        assert counts["link_tx_bytes"] >= counts["up_bytes"], (leaf, counts)
+    assert leftovers() == []
 
 
 def test_a_minimal_emulation_trains_exactly_under_loss(tmp_path: Path) -> None:

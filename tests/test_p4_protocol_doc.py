@@ -21,7 +21,8 @@ from lhc_ina import wire
 PROTOCOL_MD = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 
 FIELD_MEANING = {
-    "msg_type": "`MsgType`: DATA from workers; RESULT, RESULT_RETX from the switch; CONTROL host to host",
+    "msg_type": "`MsgType`: DATA from workers (and leaves); RESULT, RESULT_RETX from the switch; CONTROL "
+    "host to host",
     "op": "`Op`: how the slot combines lanes (ADD mod 2^32, or OR)",
     "ver": "which of the slot's two shadow copies",
     "flags": "reserved: 0 (a 1 makes the packet malformed)",
@@ -31,13 +32,15 @@ FIELD_MEANING = {
     "epoch": "the job's generation; unique per admission",
     "seq": "packet number `p` of the job's stream mod 2^32, continuous within an epoch; names the round; "
     "echoed in results",
-    "bitmap": "DATA: 0, ignored; results: the workers whose contributions the result holds",
+    "bitmap": "DATA: 0 from a worker, a leaf's partial carries its workers' bits; ignored by the switch; "
+    "results: the workers whose contributions the result holds",
 }
 
 MSG_TYPE_MEANING = {
-    "DATA": "worker → switch: one contribution to one slot copy",
-    "RESULT": "switch → every worker of the job (multicast): the finished aggregate",
-    "RESULT_RETX": "switch → one worker (unicast): the finished aggregate again, for a repeated DATA",
+    "DATA": "worker → switch: one contribution to one slot copy; leaf → spine: the leaf's partial",
+    "RESULT": "switch → every worker of the job (multicast): the finished aggregate; spine → every leaf",
+    "RESULT_RETX": "switch → one worker (unicast): the finished aggregate again, for a repeated DATA; "
+    "spine → one leaf",
     "CONTROL": "host ↔ host signalling; never aggregated (dropped as `DROP_BAD_TYPE` on lhc ports)",
 }
 
@@ -52,7 +55,7 @@ STAT_MEANING = {
     "RETX": "a repeat of the copy's finished round (same `seq`): RESULT_RETX unicast to the sender",
     "DROP_DUPLICATE": "a repeat while the copy's round still aggregates: dropped",
     "DROP_MALFORMED": "truncated, wrong UDP or IPv4 length (fewer or more lanes), or `flags != 0`",
-    "DROP_BAD_TYPE": "`msg_type` is not DATA",
+    "DROP_BAD_TYPE": "`msg_type` is not DATA, and not a result from the job's parent (a leaf's spine)",
     "DROP_BAD_OP": "`op` is not an `Op`",
     "DROP_UNKNOWN_JOB": "`job_id` not admitted (counted in job row 0)",
     "DROP_STALE_EPOCH": "`epoch` is not the job's current one",
@@ -61,6 +64,9 @@ STAT_MEANING = {
     "worker, or a spoofed address or port",
     "DROP_STALE_ROUND": "`seq` is neither the copy's round nor its next one (`round + 2 * slot_count`): "
     "a delayed packet",
+    "UP": "a leaf's round completed locally: its partial went up to the spine as one DATA packet",
+    "UP_RETX": "a repeat while a leaf's copy awaits the spine's result: the partial went up again",
+    "DROP_STALE_RESULT": "a result from the spine for a round the leaf's copy does not await",
 }
 
 

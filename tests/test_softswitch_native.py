@@ -4,7 +4,9 @@ Two Pipelines get the same table writes; seeded random frames (valid rounds of s
 rounds, duplicates, repeats of finished rounds, wrong epochs, slots out of range, unknown jobs, bad
 workers, malformed and truncated frames, wrong types, ops and flags, routed and L2 traffic, foreign UDP,
 random bytes) and a few table writes between them run through both: every frame out (port and bytes),
-every counter and every register must agree bit for bit.
+every counter and every register must agree bit for bit. Two-level jobs are in it too (docs/switch.md,
+"Two levels"): a leaf's workers, its parent's results (for awaited rounds, stale ones, from a wrong
+address or port) and a spine's members, the leaves.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from p4.v1 import p4runtime_pb2 as p4v1
 
 from lhc_ina import constants as c
 from lhc_ina import wire
+from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_layouts
 from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.jobs import ip_to_int as ip_int
 from lhc_ina.jobs import mac_to_int as mac_int
@@ -96,8 +99,41 @@ def jobs() -> list[tuple[JobLayout, dict[str, int] | None]]:
     ]
 
 
+def two_level_jobs() -> list[JobLayout]:
+    """A leaf (job 16, its uplink out of port 9) and a spine (job 17, leaves behind ports 6 and 8), each
+    the switch's share of a two-leaf fabric job."""
+    out = []
+    for job_id, keep in ((16, "leaf0"), (17, "spine")):
+        leaves = []
+        for index, (ranks, ports) in enumerate((((0, 1, 2), (2, 3, 4)), ((3, 4), (5, 7)))):
+            workers = tuple(WorkerEndpoint(r, f"10.{job_id}.0.{r + 1}", 40000 + r,
+                                           f"02:00:00:10:00:{r + 1:02x}", port)
+                            for r, port in zip(ranks, ports, strict=True))
+            link = LeafLink(leaf_port=9, spine_port=(6, 8)[index], leaf_mac=f"02:00:00:11:00:{index:02x}",
+                            leaf_ip=f"10.{job_id}.{index}.254", leaf_udp_port=c.UDP_PORT_BASE + 5,
+                            spine_mac="02:00:00:12:00:01", spine_ip=f"10.{job_id}.99.1")
+            leaves.append(Leaf(f"leaf{index}", SwitchShare(7, 56, 20), workers, link))
+        fabric = FabricJob(job_id, epoch=7, slot_count=2, spine="spine",
+                           spine_share=SwitchShare(8, 64, 21), leaves=tuple(leaves))
+        out.append(fabric_layouts(fabric)[keep])
+    return out
+
+
+def member_frame(job: JobLayout, index: int, words: np.ndarray, **header: int) -> bytes:
+    """A DATA frame from member ``index`` of ``job`` (a worker, or a leaf at a spine) to the switch."""
+    member = job.workers[index]
+    fields = {"msg_type": c.MsgType.DATA, "worker_id": member.rank, "job_id": job.job_id, "epoch": job.epoch,
+              **header}
+    return wire.build_frame(wire.pack_packet(wire.LhcHeader(**fields), words), src_mac=member.mac,
+                            dst_mac=SWITCH_MAC, src_ip=member.ip, dst_ip=SWITCH_IP, src_port=member.udp_port,
+                            dst_port=c.UDP_PORT_BASE)
+
+
 def configure(twins: Twins) -> list[JobLayout]:
     layouts = []
+    for job in two_level_jobs():
+        twins.write(job_updates(INDEX, job))
+        layouts.append(job)
     for job, broken in jobs():
         twins.write(job_updates(INDEX, job, broken=broken))
         layouts.append(job)
@@ -126,6 +162,7 @@ class Traffic:
         self.next_p = [0] * len(layouts)
         self.pending: list[dict[int, list[int]]] = [{} for _ in layouts]  # round -> ranks yet to send
         self.sent: list[list[tuple[int, int]]] = [[] for _ in layouts]  # (round, rank) already sent
+        self.complete: list[int] = []  # rounds of the leaf (job 0) that all its workers sent
 
     def words(self) -> np.ndarray:
         if self.rng.random() < 0.3:  # values near the wrap
@@ -136,7 +173,7 @@ class Traffic:
         job = self.jobs[j]
         op = int(c.Op.OR) if self.rng.random() < 0.15 else int(c.Op.ADD)
         header = {**position(job, p), "op": op, **header}
-        return data_frame(job, rank, self.words(), **header), job.workers[rank].switch_port
+        return member_frame(job, rank, self.words(), **header), job.workers[rank].switch_port
 
     def valid(self, j: int) -> tuple[bytes, int]:
         """The next packet of an in-flight round, starting one when fewer than S are in flight."""
@@ -148,6 +185,8 @@ class Traffic:
         rank = int(pending[p].pop())
         if not pending[p]:
             del pending[p]
+            if j == 0:  # every worker of the leaf sent p: its copy awaits the parent's result
+                self.complete.append(p)
         self.sent[j].append((p, rank))
         return self.contribution(j, p, rank)
 
@@ -213,7 +252,33 @@ class Traffic:
             frame = frame[: int(rng.integers(0, len(frame) + 1))]
         return bytes(frame), int(rng.integers(1, 10))
 
+    def parent_result(self) -> tuple[bytes, int]:
+        """A RESULT or RESULT_RETX to the leaf (job 16) from its parent: for a round its workers sent (the
+        awaited one, or not), another round, or with a wrong epoch, address, UDP port or switch port."""
+        rng, j = self.rng, 0
+        job = self.jobs[j]
+        up = job.uplink
+        assert up is not None
+        awaited = rng.random() < 0.7 and self.complete
+        sent = self.complete[:2] if awaited else [p for p, _ in self.sent[j][-12:]]
+        p = int(rng.choice(sent or [0])) + int(rng.choice([0, 0, 0, 0, -2, 2])) * 2 * job.slot_count
+        kind = int(rng.integers(8))
+        if awaited and kind >= 4 and p in self.complete:  # the right answer: the round moves on
+            self.complete.remove(p)
+        kinds = [c.MsgType.RESULT, c.MsgType.RESULT_RETX]
+        header = {**position(job, max(p, 0)), "msg_type": int(rng.choice(kinds)), "op": int(rng.integers(2)),
+                  "worker_id": int(rng.integers(8)), "job_id": job.job_id,
+                  "epoch": (job.epoch + 1) % (1 << 16) if kind == 3 else job.epoch,
+                  "bitmap": int(rng.integers(1 << 32))}
+        frame = wire.build_frame(
+            wire.pack_packet(wire.LhcHeader(**header), self.words()), src_mac=up.dst_mac, dst_mac=up.src_mac,
+            src_ip="10.99.99.99" if kind == 0 else up.dst_addr, dst_ip=up.src_addr,
+            src_port=up.dst_port + 1 if kind == 1 else up.dst_port, dst_port=up.src_port)
+        return frame, up.port + 1 if kind == 2 else up.port
+
     def frame(self) -> tuple[bytes, int]:
+        if self.rng.random() < 0.06:
+            return self.parent_result()
         j = int(self.rng.integers(len(self.jobs)))
         draw = self.rng.random()
         choices: list[tuple[float, Callable[[], tuple[bytes, int]]]] = [
@@ -234,9 +299,10 @@ def test_native_matches_python_frame_for_frame_counter_for_counter():
     kinds: dict[int, int] = {}
     for step in range(STEPS):
         if step % 1500 == 1499:  # a P4Runtime write between frames: job 11 moves to a new epoch
-            layouts[0] = dataclasses.replace(layouts[0], epoch=layouts[0].epoch + 1)
-            twins.write(job_updates(INDEX, layouts[0], p4v1.Update.MODIFY))
-            traffic.pending[0].clear()
+            j = next(i for i, job in enumerate(layouts) if job.job_id == 11)
+            layouts[j] = dataclasses.replace(layouts[j], epoch=layouts[j].epoch + 1)
+            twins.write(job_updates(INDEX, layouts[j], p4v1.Update.MODIFY))
+            traffic.pending[j].clear()
         for port, _ in twins.step(*traffic.frame()):
             kinds[port] = kinds.get(port, 0) + 1
         if step % 500 == 0:
@@ -246,6 +312,9 @@ def test_native_matches_python_frame_for_frame_counter_for_counter():
     # The run reached every outcome, in the rows of every job, and forwarded on many ports.
     outcomes = twins.python.stats_packets.reshape(-1, c.NUM_STATS)[:, : len(c.Stat)].sum(axis=0)
     assert all(outcomes), dict(zip([s.name for s in c.Stat], outcomes.tolist(), strict=True))
+    leaf, spine = (twins.python.stats(job.job_index) for job in two_level_jobs())
+    assert leaf.get("UP", 0) and leaf.get("UP_RETX", 0) and leaf.get("DROP_STALE_RESULT", 0), leaf
+    assert leaf.get("RESULT", 0) and spine.get("RESULT", 0) and spine.get("RETX", 0), (leaf, spine)
     assert len(kinds) >= 5
 
 

@@ -42,6 +42,9 @@ const bit<8> IP_PROTO_UDP = 17;
 #define LHC_STAT_DROP_SLOT_RANGE 32w9
 #define LHC_STAT_DROP_BAD_WORKER 32w10
 #define LHC_STAT_DROP_STALE_ROUND 32w11
+#define LHC_STAT_UP 32w12
+#define LHC_STAT_UP_RETX 32w13
+#define LHC_STAT_DROP_STALE_RESULT 32w14
 
 // The lhc header, in wire order (big-endian, no padding).
 header lhc_t {

@@ -18,7 +18,17 @@ struct lhc_metadata_t {
     bit<8>  fan_in;      // workers per aggregation (W)
     bit<16> mcast_grp;   // PRE group with one replica per worker (instance = rank)
     bit<16> epoch;       // the job's current epoch
-    bit<32> worker_bit;  // 1 << rank, from `workers`
+    bit<32> worker_bit;  // 1 << rank, from `workers` (at a spine: the mask of a leaf's workers)
+    // A leaf's way to its parent (docs/switch.md, "Two levels"), from `uplinks`; has_uplink 0 elsewhere.
+    bit<1>  has_uplink;
+    bit<9>  up_port;
+    bit<8>  up_worker_id;
+    bit<48> up_src_mac;
+    bit<48> up_dst_mac;
+    bit<32> up_src_addr;
+    bit<32> up_dst_addr;
+    bit<16> up_src_port;
+    bit<16> up_dst_port;
 }
 
 parser LhcParser(packet_in packet,
@@ -162,17 +172,82 @@ control LhcIngress(inout lhc_headers_t hdr,
         size = 2048;
     }
 
+    // --- two levels: a leaf's way up to its parent (docs/switch.md, "Two levels") -----------------
+    action set_uplink(bit<9> port, bit<8> worker_id, bit<48> src_mac, bit<48> dst_mac, bit<32> src_addr,
+                      bit<32> dst_addr, bit<16> src_port, bit<16> dst_port) {
+        meta.has_uplink = 1;
+        meta.up_port = port;
+        meta.up_worker_id = worker_id;
+        meta.up_src_mac = src_mac;
+        meta.up_dst_mac = dst_mac;
+        meta.up_src_addr = src_addr;
+        meta.up_dst_addr = dst_addr;
+        meta.up_src_port = src_port;
+        meta.up_dst_port = dst_port;
+    }
+
+    action no_uplink() {
+        meta.has_uplink = 0;
+    }
+
+    table uplinks {
+        key = {
+            hdr.lhc.job_id: exact;
+        }
+        actions = {
+            set_uplink;
+            @defaultonly no_uplink;
+        }
+        const default_action = no_uplink();
+        size = LHC_MAX_JOBS;
+    }
+
+    // The packet (its payload already the copy's values) becomes the leaf's partial: one DATA packet up.
+    action send_up(bit<32> bitmap) {
+        hdr.lhc.worker_id = meta.up_worker_id;
+        hdr.lhc.bitmap = bitmap;
+        hdr.ethernet.src_addr = meta.up_src_mac;
+        hdr.ethernet.dst_addr = meta.up_dst_mac;
+        hdr.ipv4.src_addr = meta.up_src_addr;
+        hdr.ipv4.dst_addr = meta.up_dst_addr;
+        hdr.udp.src_port = meta.up_src_port;
+        hdr.udp.dst_port = meta.up_dst_port;
+        hdr.udp.checksum = 0;
+        standard_metadata.egress_spec = meta.up_port;
+    }
+
+    // The packet becomes the RESULT multicast to the job, sourced from the address it was sent to.
+    action multicast_result(bit<32> bitmap) {
+        hdr.lhc.msg_type = LHC_TYPE_RESULT;
+        hdr.lhc.bitmap = bitmap;
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.udp.src_port = hdr.udp.dst_port;
+        hdr.udp.checksum = 0;
+        standard_metadata.mcast_grp = meta.mcast_grp;
+    }
+
     apply {
         bool is_lhc = hdr.udp.isValid() && (hdr.udp.dst_port & LHC_UDP_PORT_MASK) == LHC_UDP_PORT_BASE;
         if (is_lhc) {
             bit<32> stat = LHC_STAT_DROP_MALFORMED;
             meta.job_index = 0;
-            if (standard_metadata.parser_error != error.NoError || !hdr.payload.isValid()
-                    || hdr.udp.length != LHC_UDP_LENGTH
-                    || hdr.ipv4.total_len != LHC_IPV4_TOTAL_LENGTH
-                    || hdr.lhc.flags != 0) {
+            meta.has_uplink = 0;
+            bool well_formed = standard_metadata.parser_error == error.NoError && hdr.payload.isValid()
+                    && hdr.udp.length == LHC_UDP_LENGTH
+                    && hdr.ipv4.total_len == LHC_IPV4_TOTAL_LENGTH
+                    && hdr.lhc.flags == 0;
+            if (well_formed) {
+                uplinks.apply();
+            }
+            // A result is taken only by a leaf, only from its parent: address, UDP port and switch port.
+            bool from_parent = meta.has_uplink == 1
+                    && (hdr.lhc.msg_type == LHC_TYPE_RESULT || hdr.lhc.msg_type == LHC_TYPE_RESULT_RETX)
+                    && hdr.ipv4.src_addr == meta.up_dst_addr && hdr.udp.src_port == meta.up_dst_port
+                    && standard_metadata.ingress_port == meta.up_port;
+            if (!well_formed) {
                 stat = LHC_STAT_DROP_MALFORMED;
-            } else if (hdr.lhc.msg_type != LHC_TYPE_DATA) {
+            } else if (hdr.lhc.msg_type != LHC_TYPE_DATA && !from_parent) {
                 stat = LHC_STAT_DROP_BAD_TYPE;
             } else if (hdr.lhc.op != LHC_OP_ADD && hdr.lhc.op != LHC_OP_OR) {
                 stat = LHC_STAT_DROP_BAD_OP;
@@ -183,7 +258,7 @@ control LhcIngress(inout lhc_headers_t hdr,
             } else if (hdr.lhc.slot >= meta.slot_count
                     || (bit<32>)meta.slot_base + (bit<32>)hdr.lhc.slot >= LHC_MAX_SLOTS) {
                 stat = LHC_STAT_DROP_SLOT_RANGE;
-            } else if (!workers.apply().hit) {
+            } else if (!from_parent && !workers.apply().hit) {
                 stat = LHC_STAT_DROP_BAD_WORKER;
             } else {
                 @atomic {
@@ -196,8 +271,25 @@ control LhcIngress(inout lhc_headers_t hdr,
                     bit<8> remaining = 0;
                     bool contributes = true;  // the packet joins the copy's round or starts one
                     bool starts = false;      // ... starts one: its words become the value
+                    bool read_back = false;   // the packet leaves with the copy's values (RETX, UP_RETX)
+                    bool stores = false;      // a leaf stores its parent's result: its words become the value
                     slot_epoch.read(cell_epoch, cell);
-                    if (cell_epoch != hdr.lhc.epoch) {
+                    if (from_parent) {
+                        // The parent's result (docs/switch.md, "Two levels"): stored only by a copy that
+                        // awaits exactly this round; it never starts, joins or stamps a copy.
+                        contributes = false;
+                        slot_round.read(round, cell);
+                        slot_remaining.read(remaining, cell);
+                        if (cell_epoch != hdr.lhc.epoch || hdr.lhc.seq != round) {
+                            stat = LHC_STAT_DROP_STALE_RESULT;
+                        } else if (remaining == 0) {
+                            stat = LHC_STAT_DROP_DUPLICATE;
+                        } else if (remaining != 1) {
+                            stat = LHC_STAT_DROP_STALE_RESULT;
+                        } else {
+                            stores = true;
+                        }
+                    } else if (cell_epoch != hdr.lhc.epoch) {
                         // Lazy reset of this copy; the other copy resets on its own epoch check. The
                         // first packet of an epoch to reach a copy can only be of its first round.
                         slot_epoch.write(cell, hdr.lhc.epoch);
@@ -210,7 +302,7 @@ control LhcIngress(inout lhc_headers_t hdr,
                             if (remaining == 0) {
                                 // A repeat of the finished round: send the result back to the sender.
                                 contributes = false;
-                                LHC_FOR_EACH_LANE(LHC_READ_LANE)
+                                read_back = true;
                                 hdr.lhc.msg_type = LHC_TYPE_RESULT_RETX;
                                 hdr.lhc.bitmap = bitmap;
                                 bit<48> mac = hdr.ethernet.src_addr;
@@ -225,6 +317,12 @@ control LhcIngress(inout lhc_headers_t hdr,
                                 hdr.udp.checksum = 0;
                                 standard_metadata.egress_spec = standard_metadata.ingress_port;
                                 stat = LHC_STAT_RETX;
+                            } else if (remaining == 1 && meta.has_uplink == 1) {
+                                // A repeat while a leaf's copy awaits its parent: the partial goes up again.
+                                contributes = false;
+                                read_back = true;
+                                send_up(bitmap);
+                                stat = LHC_STAT_UP_RETX;
                             } else if ((bitmap & meta.worker_bit) != 0) {
                                 contributes = false;
                                 stat = LHC_STAT_DROP_DUPLICATE;
@@ -239,9 +337,20 @@ control LhcIngress(inout lhc_headers_t hdr,
                             stat = LHC_STAT_DROP_STALE_ROUND;
                         }
                     }
+                    if (read_back) {
+                        LHC_FOR_EACH_LANE(LHC_READ_LANE)
+                    }
+                    if (starts || stores) {
+                        LHC_FOR_EACH_LANE(LHC_FIRST_LANE)
+                    }
+                    if (stores) {
+                        slot_bitmap.write(cell, hdr.lhc.bitmap);
+                        slot_remaining.write(cell, 0);
+                        multicast_result(hdr.lhc.bitmap);
+                        stat = LHC_STAT_RESULT;
+                    }
                     if (contributes) {
                         if (starts) {
-                            LHC_FOR_EACH_LANE(LHC_FIRST_LANE)
                             slot_round.write(cell, hdr.lhc.seq);
                             bitmap = meta.worker_bit;
                             remaining = meta.fan_in - 1;
@@ -258,14 +367,12 @@ control LhcIngress(inout lhc_headers_t hdr,
                         slot_remaining.write(cell, remaining);
                         if (remaining == 0) {
                             // The last contribution: the packet becomes the result, multicast to the job.
-                            hdr.lhc.msg_type = LHC_TYPE_RESULT;
-                            hdr.lhc.bitmap = bitmap;
-                            hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
-                            hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
-                            hdr.udp.src_port = hdr.udp.dst_port;
-                            hdr.udp.checksum = 0;
-                            standard_metadata.mcast_grp = meta.mcast_grp;
+                            multicast_result(bitmap);
                             stat = LHC_STAT_RESULT;
+                        } else if (remaining == 1 && meta.has_uplink == 1) {
+                            // A leaf's last worker: the partial (the payload holds it) goes up, once.
+                            send_up(bitmap);
+                            stat = LHC_STAT_UP;
                         } else {
                             stat = LHC_STAT_ABSORBED;
                         }
@@ -273,7 +380,8 @@ control LhcIngress(inout lhc_headers_t hdr,
                 }
             }
             lhc_stats.count((bit<32>)meta.job_index * LHC_NUM_STATS + stat);
-            if (stat != LHC_STAT_RESULT && stat != LHC_STAT_RETX) {
+            if (stat != LHC_STAT_RESULT && stat != LHC_STAT_RETX && stat != LHC_STAT_UP
+                    && stat != LHC_STAT_UP_RETX) {
                 drop();
             }
         } else if (standard_metadata.parser_error != error.NoError) {

@@ -1,0 +1,163 @@
+"""lhc_ina.fabric and the two-level parts of lhc_ina.jobs: one job over a spine and its leaves becomes each
+switch's entries (docs/switch.md, "Two levels: leaf and spine"), and each broken fabric or layout is
+rejected with an error that names what is wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lhc_ina import constants as c
+from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_entries, fabric_layouts
+from lhc_ina.jobs import (
+    ADMIT_WORKER,
+    JOBS_TABLE,
+    SET_UPLINK,
+    UPLINKS_TABLE,
+    WORKERS_TABLE,
+    InvalidJob,
+    ip_to_int,
+    job_entries,
+    mac_to_int,
+    validate,
+)
+from tests.test_jobs import job, worker
+
+
+def link(leaf: int) -> LeafLink:
+    return LeafLink(leaf_port=20, spine_port=30 + leaf, leaf_mac=f"02:00:00:00:0a:{leaf:02x}",
+                    leaf_ip=f"10.0.{leaf}.254", leaf_udp_port=c.UDP_PORT_BASE + 1,
+                    spine_mac="02:00:00:00:0b:01", spine_ip="10.0.100.1")
+
+
+def fabric(per_leaf: tuple[int, ...] = (4, 4)) -> FabricJob:
+    leaves, rank = [], 0
+    for index, count in enumerate(per_leaf):
+        workers = tuple(worker(r, switch_port=1 + r - rank) for r in range(rank, rank + count))
+        leaves.append(Leaf(f"leaf{index}", SwitchShare(job_index=3, slot_base=64 * index, mcast_grp=5),
+                           workers, link(index)))
+        rank += count
+    return FabricJob(job_id=0x77, epoch=9, slot_count=8, spine="spine",
+                     spine_share=SwitchShare(job_index=4, slot_base=100, mcast_grp=6), leaves=tuple(leaves))
+
+
+def entries_of(spec_tables, table):
+    return [e for e in spec_tables if e.table == table]
+
+
+def test_each_leaf_gets_its_workers_and_an_uplink_and_counts_its_parent():
+    entries = fabric_entries(fabric((4, 3)))
+    assert set(entries) == {"leaf0", "leaf1", "spine"}
+    leaf1 = entries["leaf1"]
+    (jobs,) = entries_of(leaf1.tables, JOBS_TABLE)
+    assert dict(jobs.params) == {"job_index": 3, "slot_base": 64, "slot_count": 8, "fan_in": 4,
+                                 "mcast_grp": 5, "epoch": 9}
+    workers = entries_of(leaf1.tables, WORKERS_TABLE)
+    assert [(dict(e.match)["hdr.lhc.worker_id"], dict(e.params)["worker_bit"]) for e in workers] == [
+        (4, 1 << 4), (5, 1 << 5), (6, 1 << 6)]
+    (up,) = entries_of(leaf1.tables, UPLINKS_TABLE)
+    assert (up.match, up.action) == ((("hdr.lhc.job_id", 0x77),), SET_UPLINK)
+    assert dict(up.params) == {
+        "port": 20, "worker_id": 4, "src_mac": mac_to_int("02:00:00:00:0a:01"),
+        "dst_mac": mac_to_int("02:00:00:00:0b:01"), "src_addr": ip_to_int("10.0.1.254"),
+        "dst_addr": ip_to_int("10.0.100.1"), "src_port": c.UDP_PORT_BASE + 1, "dst_port": c.UDP_PORT_BASE}
+    assert leaf1.group.replicas == ((1, 4), (2, 5), (3, 6))
+
+
+def test_the_spine_admits_each_leaf_as_one_member_standing_for_its_workers():
+    spine = fabric_entries(fabric((4, 3)))["spine"]
+    (jobs,) = entries_of(spine.tables, JOBS_TABLE)
+    assert dict(jobs.params)["fan_in"] == 2
+    assert not entries_of(spine.tables, UPLINKS_TABLE)
+    members = entries_of(spine.tables, WORKERS_TABLE)
+    assert [dict(e.match) for e in members] == [
+        {"hdr.lhc.job_id": 0x77, "hdr.lhc.worker_id": 0, "hdr.ipv4.src_addr": ip_to_int("10.0.0.254"),
+         "hdr.udp.src_port": c.UDP_PORT_BASE + 1, "standard_metadata.ingress_port": 30},
+        {"hdr.lhc.job_id": 0x77, "hdr.lhc.worker_id": 4, "hdr.ipv4.src_addr": ip_to_int("10.0.1.254"),
+         "hdr.udp.src_port": c.UDP_PORT_BASE + 1, "standard_metadata.ingress_port": 31}]
+    assert [(e.action, dict(e.params)) for e in members] == [
+        (ADMIT_WORKER, {"worker_bit": 0x0F}), (ADMIT_WORKER, {"worker_bit": 0x70})]
+    assert spine.group.replicas == ((30, 0), (31, 4))
+
+
+def test_a_one_switch_job_has_no_uplink_entry():
+    assert not entries_of(job_entries(job(3)).tables, UPLINKS_TABLE)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda f: dataclasses.replace(f, leaves=()), r"at least one leaf"),
+    (lambda f: dataclasses.replace(f, spine="leaf0"), r"switches must be distinct"),
+    (lambda f: dataclasses.replace(f, leaves=(f.leaves[0], dataclasses.replace(f.leaves[1], switch="leaf0"))),
+     r"switches must be distinct"),
+    (lambda f: dataclasses.replace(f, leaves=(f.leaves[0], f.leaves[0])), r"switches must be distinct"),
+    (lambda f: dataclasses.replace(f, leaves=(f.leaves[1],)), r"ranks must be 0\.\.3 once each, got \[4, 5"),
+    (lambda f: dataclasses.replace(f, leaves=(f.leaves[0], dataclasses.replace(f.leaves[1], workers=()))),
+     r"leaves \['leaf1'\] have no workers"),
+])
+def test_a_broken_fabric_is_rejected_with_what_is_wrong(change, match):
+    with pytest.raises(InvalidJob, match=match) as caught:
+        fabric_layouts(change(fabric()))
+    assert str(caught.value).startswith("job 119: ")
+
+
+def test_more_workers_than_bitmap_bits_are_rejected():
+    with pytest.raises(InvalidJob, match=r"33 workers; a job has 1\.\.32"):
+        fabric_entries(fabric((17, 16)))
+
+
+def leaf_layout(**uplink_changes: object):
+    layout = fabric_layouts(fabric())["leaf1"]
+    return dataclasses.replace(layout, uplink=dataclasses.replace(layout.uplink, **uplink_changes))
+
+
+@pytest.mark.parametrize("layout, match", [
+    (leaf_layout(worker_id=5), r"uplink worker id 5 must be the leaf's lowest rank 4"),
+    (leaf_layout(port=511), r"uplink port 511 is outside 0\.\.510"),
+    (leaf_layout(dst_addr="10.0.0"), r"uplink dst_addr '10\.0\.0' is not an IPv4 address"),
+    (leaf_layout(src_mac="nope"), r"uplink src_mac 'nope' is not a MAC address"),
+    (leaf_layout(src_port=40000), r"uplink src_port 40000 is outside the lhc range"),
+    (leaf_layout(dst_port=c.UDP_PORT_BASE + c.UDP_PORT_COUNT), r"uplink dst_port 19536 is outside the lhc"),
+    (dataclasses.replace(leaf_layout(), fan_in=3), r"fan-in 3 must equal the 4 workers of a leaf"),
+])
+def test_a_broken_leaf_is_rejected(layout, match):
+    with pytest.raises(InvalidJob, match=match):
+        job_entries(layout)
+
+
+def spine_layout(*members):
+    return dataclasses.replace(fabric_layouts(fabric())["spine"], workers=tuple(members))
+
+
+def member(rank: int, stands_for: int, **changes: object):
+    fields = {"udp_port": c.UDP_PORT_BASE + 1, "switch_port": 30 + rank, "stands_for": stands_for, **changes}
+    return worker(rank, **fields)
+
+
+@pytest.mark.parametrize("layout, match", [
+    (spine_layout(member(0, 0x0F), member(3, 0xF8)), r"rank 3 stands for workers another member has"),
+    (spine_layout(member(0, 0x0F), member(4, 0xE0)), r"rank 4 stands for 0xe0: .*the lowest of them its own"),
+    (spine_layout(member(0, 0x0F), member(5, 0xE0)),
+     r"stand for the workers 0xef, not ranks 0\.\.6 once each"),
+    (spine_layout(member(0, 0x0F), member(4, 0xF0, udp_port=40000)),
+     r"rank 4 \(a leaf\): UDP port 40000 is outside the lhc range"),
+    (spine_layout(member(0, 0x0F), member(4, 1 << 32 | 0x30)), r"the mask must hold ranks below 32"),
+    (spine_layout(member(0, 0x0F), member(0, 0xF0)), r"ranks must be distinct and below 32, got \[0, 0\]"),
+])
+def test_a_broken_spine_member_is_rejected(layout, match):
+    with pytest.raises(InvalidJob, match=match):
+        job_entries(layout)
+
+
+def test_a_spine_may_also_hold_workers_of_its_own():
+    layout = spine_layout(member(0, 0x0F), worker(4, udp_port=40004, switch_port=40))
+    entries = job_entries(layout)
+    assert [dict(e.params)["worker_bit"] for e in entries_of(entries.tables, WORKERS_TABLE)] == [0x0F, 0x10]
+
+
+def test_two_levels_are_refused_for_tofino_by_name():
+    for switch, layout in fabric_layouts(fabric()).items():
+        with pytest.raises(InvalidJob, match=r"two-level job .* not built for Tofino"):
+            validate(layout, target="tna")
+        validate(layout)  # v1model runs it
+        assert switch
