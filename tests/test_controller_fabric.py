@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from controller.admission import check_hosts, resolve_member
-from controller.processes import ControllerProcess, FabricProcesses
 from controller.reconcile import desired_state
 from controller.server import stored_topology
 from controller.store import DB_NAME, JobStore
@@ -30,6 +29,7 @@ from controller.topology import load_topology, parse_topology
 from host_agent.agent import Agent
 from lhc_ina import jobs as lj
 from lhc_ina.jobs import ip_to_int
+from lhc_launch.processes import ControllerProcess, FabricProcesses
 from tests.harness.agents import job_name
 from tests.harness.controller import refused, switch_state
 

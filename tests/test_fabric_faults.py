@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from controller.processes import ControllerProcess, FabricProcesses, SoftswitchProcess
 from host_agent.agent import Agent
 from host_agent.errors import AggregationError
+from lhc_launch.processes import ControllerProcess, FabricProcesses, SoftswitchProcess
 
 TRIALS = int(os.environ.get("LHC_FABRIC_TRIALS", "8"))
 KINDS = {"none": 1, "leaf_kill": 3, "spine_kill": 3, "leaf_stall": 1, "spine_stall": 1}

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from host_agent.agent import Agent
 from host_agent.errors import AggregationError
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.faults import failing_session
 
 TRIALS = int(os.environ.get("LHC_FAULT_TRIALS", "200"))

@@ -19,13 +19,13 @@ from lhc_ina import constants as c
 from lhc_ina import wire
 from lhc_ina.jobs import WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
+from lhc_launch.switch_job import data_packet, job_updates, make_job
 from softswitch import cli
 from softswitch.dataplane import NATIVE_BURST, DataPlane
 from softswitch.entities import Entities
 from softswitch.native import NativePipeline, choose_pipeline, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.ports import PortSpec, UdpPort
-from softswitch.testing import data_packet, job_updates, make_job
 
 INDEX = P4InfoIndex.from_file()
 PIPELINES = [pytest.param("python"), pytest.param("native", marks=pytest.mark.skipif(

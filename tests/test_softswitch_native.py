@@ -29,21 +29,21 @@ from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.jobs import ip_to_int as ip_int
 from lhc_ina.jobs import mac_to_int as mac_int
 from lhc_ina.p4info import P4InfoIndex
-from softswitch.entities import Entities
-from softswitch.native import NativePipeline, layout, native_available
-from softswitch.pipeline import Pipeline
-from softswitch.ports import PortSpec, UdpPort
-from softswitch.testing import (
+from lhc_launch.switch_job import (
     SWITCH_IP,
     SWITCH_MAC,
     data_frame,
     data_packet,
     job_updates,
     make_job,
-    position,
     table_entry,
     update,
 )
+from softswitch.entities import Entities
+from softswitch.native import NativePipeline, layout, native_available
+from softswitch.pipeline import Pipeline
+from softswitch.ports import PortSpec, UdpPort
+from tests.harness.switch_jobs import broken_job_updates, position
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native pipeline is not built")
 
@@ -135,7 +135,7 @@ def configure(twins: Twins) -> list[JobLayout]:
         twins.write(job_updates(INDEX, job))
         layouts.append(job)
     for job, broken in jobs():
-        twins.write(job_updates(INDEX, job, broken=broken))
+        twins.write(broken_job_updates(INDEX, job, broken) if broken else job_updates(INDEX, job))
         layouts.append(job)
     match = {"hdr.lhc.job_id": 13, "standard_metadata.egress_rid": 1}
     replica = table_entry(INDEX, "LhcEgress.replicas", match, "LhcEgress.set_replica_dst",

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from controller.processes import ControllerProcess, SoftswitchProcess
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 
 REPO = Path(__file__).resolve().parent.parent
 

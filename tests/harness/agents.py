@@ -11,9 +11,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from controller.processes import ControllerProcess
 from host_agent.agent import Agent
 from host_agent.codec.quantize import dequantize, quantize
+from lhc_launch.processes import ControllerProcess
 
 _JOBS = itertools.count()
 

@@ -1,0 +1,39 @@
+"""What softswitch's tests add to ``lhc_launch.switch_job``: where a packet of a job's stream goes, a job
+whose `set_job` entry breaks an admission invariant on purpose, and the two-job set-up several of them
+share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from p4.v1 import p4runtime_pb2 as p4v1
+
+from lhc_ina.jobs import SET_JOB, JobLayout
+from lhc_ina.p4info import P4InfoIndex
+from lhc_ina.wire import stream_position
+from lhc_launch.switch_job import job_updates
+from softswitch.entities import canonical
+
+
+def position(job: JobLayout, p: int) -> dict[str, int]:
+    """Where packet ``p`` of the job's stream goes: slot, copy and seq (``lhc_ina.wire.stream_position``)."""
+    return stream_position(p, job.slot_count)
+
+
+def broken_job_updates(index: P4InfoIndex, job: JobLayout, broken: Mapping[str, int],
+                       kind: int = p4v1.Update.INSERT) -> list[p4v1.Update]:
+    """``job_updates`` with `set_job` parameters overridden *after* validation (e.g. ``{"job_index":
+    MAX_JOBS}``), for tests of what the data plane does with a table that breaks an admission invariant:
+    a broken entry is always explicit at the call site."""
+    action = index.action(SET_JOB)
+    ids = {name: action.param(name).id for name in broken}
+    updates = job_updates(index, job, kind)
+    for up in updates:
+        entity = up.entity.table_entry
+        if up.entity.HasField("table_entry") and entity.action.action.action_id == action.id:
+            for param in entity.action.action.params:
+                for name, param_id in ids.items():
+                    if param.param_id == param_id:
+                        param.value = canonical(broken[name])
+            return updates
+    raise AssertionError(f"no set_job entry among the job's updates: {updates}")
