@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
+from host_agent.agent_backend import Backend, LinkEstimate
 from host_agent.auto import LINK_AGREE_EVERY, agreed_link, choose_mode, link_words
-from host_agent.backend import Backend, LinkEstimate
 from host_agent.codec import MODES, CodecState, Message, WorkerSession
 from host_agent.codec.output import OutputRange
 from host_agent.errors import AggregationError
@@ -73,7 +73,7 @@ class _Call:
 
 
 class Agent:
-    """One worker's aggregation endpoint over any :class:`~host_agent.backend.Backend`."""
+    """One worker's aggregation endpoint over any :class:`~host_agent.agent_backend.Backend`."""
 
     def __init__(self, backend: Backend, *, mode: str = "auto", block: int = 1,
                  timeout_s: float = DEFAULT_TIMEOUT_S, **codec_options: Any) -> None:

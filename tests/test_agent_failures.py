@@ -19,7 +19,7 @@ import torch
 
 from host_agent.agent import Agent
 from host_agent.errors import AggregationError
-from host_agent.local import LocalGroup
+from host_agent.local_backend import LocalGroup
 from host_agent.seal import check_seal, round_tag, seal_words
 from host_agent.transport.switch import SwitchBackend
 from lhc_launch.processes import ControllerProcess, SoftswitchProcess

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from host_agent.agent import Agent
+from host_agent.agent_backend import LinkEstimate
 from host_agent.auto import agreed_link, choose_mode, link_words
-from host_agent.backend import LinkEstimate
 from host_agent.codec import BucketShape, CodecState
 from host_agent.errors import AggregationError
-from host_agent.local import LocalGroup
+from host_agent.local_backend import LocalGroup
 from host_agent.torch_hook import LhcHookState, _sparsify
 
 

@@ -21,7 +21,7 @@ from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_layout
 from lhc_ina.jobs import WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
 from lhc_launch.switch_job import job_updates
-from softswitch.entities import Entities
+from softswitch.entity_store import Entities
 from softswitch.native import NativePipeline, native_available
 from softswitch.pipeline import Pipeline
 

@@ -1,4 +1,4 @@
-"""The native pipeline (softswitch/_dataplane*.c) against the Python one, the reference model.
+"""The native pipeline (softswitch/_dataplane.c + dataplane_*.c) against the Python one, the reference model.
 
 Two Pipelines get the same table writes; seeded random frames (valid rounds of several jobs, stale
 rounds, duplicates, repeats of finished rounds, wrong epochs, slots out of range, unknown jobs, bad
@@ -39,7 +39,7 @@ from lhc_launch.switch_job import (
     table_entry,
     update,
 )
-from softswitch.entities import Entities
+from softswitch.entity_store import Entities
 from softswitch.native import NativePipeline, layout, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.ports import PortSpec, UdpPort
@@ -400,7 +400,7 @@ def test_udp_bursts_match_the_python_port_and_pipeline():
 def test_the_layout_gives_the_c_code_exactly_the_numbers_it_names():
     """Every number the C files use comes from native.layout() (the project's constants), and layout()
     passes nothing the C files do not name."""
-    header = (Path(__file__).resolve().parent.parent / "softswitch" / "_dataplane.h").read_text()
+    header = (Path(__file__).resolve().parent.parent / "softswitch" / "dataplane.h").read_text()
     block = header[header.index("#define LAYOUT_FIELDS(X)") : header.index("typedef struct {")]
     named = set(re.findall(r"X\((\w+)\)", block))
     assert set(layout(Pipeline(INDEX), 64)) == named

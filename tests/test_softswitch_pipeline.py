@@ -27,7 +27,7 @@ from lhc_launch.switch_job import (
     table_entry,
     update,
 )
-from softswitch.entities import Entities
+from softswitch.entity_store import Entities
 from softswitch.pipeline import Pipeline
 from softswitch.program import PipelineMismatch
 from tests.harness.switch_jobs import broken_job_updates, position

@@ -16,7 +16,7 @@ from lhc_ina import wire
 from lhc_ina.jobs import JobLayout
 from lhc_ina.p4info import P4InfoIndex
 from lhc_launch.switch_job import data_frame, job_updates, make_job
-from softswitch.entities import Entities
+from softswitch.entity_store import Entities
 from softswitch.pipeline import Pipeline
 from tests.harness.switch_jobs import position
 

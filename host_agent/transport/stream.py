@@ -4,7 +4,7 @@ Messages (a codec step's words and op) are numbered in submission order, which i
 worker, and laid end to end on the job's stream: packet p goes to slot ``p mod S``, copy ``(p div S) mod
 2``, ``seq = p`` (docs/protocol.md). This class owns the messages: their layout, their futures, and the
 epoch changes. Everything per packet (the window, timers and loss recovery, the host's checks on
-results, reassembly) is the *engine*'s (``engine.py``, the Python reference, or ``_engine.c``, the same
+results, reassembly) is the *engine*'s (``engine_core.py``, the Python reference, or ``_engine.c``, the same
 state machine in C that also does the socket work: a recvmmsg and a sendmmsg per batch, with the GIL
 released). The I/O thread hands the engine a message as a segment and gets whole segments back; the
 caller decodes on its own thread, so timers never wait for the codec.
@@ -32,7 +32,7 @@ import numpy as np
 
 from host_agent.errors import AggregationError
 from host_agent.transport.channel import Channel
-from host_agent.transport.engines import make_engine
+from host_agent.transport.engine_io import make_engine
 from host_agent.transport.packets import PACKET_BYTES, StreamIdentity, build_packets, packet_count
 from host_agent.transport.window import RoundTrip
 from lhc_ina import constants as c

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from host_agent.backend import Backend, LinkEstimate
+from host_agent.agent_backend import Backend, LinkEstimate
 from host_agent.errors import AggregationError
 from host_agent.transport.channel import Channel, Impairment
 from host_agent.transport.packets import StreamIdentity

@@ -12,7 +12,7 @@ from lhc_ina.jobs import SET_JOB, JobLayout
 from lhc_ina.p4info import P4InfoIndex
 from lhc_ina.wire import stream_position
 from lhc_launch.switch_job import job_updates
-from softswitch.entities import canonical
+from softswitch.entity_store import canonical
 
 
 def position(job: JobLayout, p: int) -> dict[str, int]:

@@ -21,11 +21,11 @@ from lhc_ina.jobs import WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
 from lhc_launch.switch_job import data_packet, job_updates, make_job
 from softswitch import cli
-from softswitch.dataplane import NATIVE_BURST, DataPlane
-from softswitch.entities import Entities
+from softswitch.entity_store import Entities
 from softswitch.native import NativePipeline, choose_pipeline, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.ports import PortSpec, UdpPort
+from softswitch.receive_loop import NATIVE_BURST, DataPlane
 
 INDEX = P4InfoIndex.from_file()
 PIPELINES = [pytest.param("python"), pytest.param("native", marks=pytest.mark.skipif(
@@ -72,7 +72,7 @@ def test_a_failing_port_is_counted_and_logged_and_the_others_keep_forwarding(kin
     native = NativePipeline(pipeline, NATIVE_BURST) if kind == "native" else None
     failures: list[BaseException] = []
     dataplane = DataPlane(pipeline, [good, bad], threading.Lock(), native=native, on_failure=failures.append)
-    caplog.set_level(logging.WARNING, logger="softswitch.dataplane")
+    caplog.set_level(logging.WARNING, logger="softswitch.receive_loop")
     dataplane.start()
     try:
         words = [np.full(c.LANES, 3 + r, np.uint32) for r in range(2)]
