@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -166,7 +166,23 @@ class Agent:
             self._calls += 1
             self._queue.append(call)
             self._pending += 1
-            return self._executor.submit(self._run_next)
+            return self._executor.submit(self._run_next)  # hand-off 2: the agent's thread -> the caller
+
+    def allreduce_torch_future(self, tensor: torch.Tensor, finish: Callable[[AllreduceResult], Any],
+                               **options: Any) -> torch.futures.Future:
+        """:meth:`allreduce_async` as the torch Future that DDP's hook and a torch.distributed ``Work``
+        must return (they take no other kind), holding ``finish(result)``; an error (or one ``finish``
+        raises) is the future's exception, raised where the caller waits."""
+        handed: torch.futures.Future = torch.futures.Future()
+
+        def complete(done: Future[AllreduceResult]) -> None:  # hand-off 3, on the agent's thread
+            try:
+                handed.set_result(finish(done.result()))
+            except Exception as exc:
+                handed.set_exception(exc)
+
+        self.allreduce_async(tensor, **options).add_done_callback(complete)
+        return handed
 
     # --- the agent's thread -----------------------------------------------------------------------
     def _run_next(self) -> AllreduceResult:

@@ -12,6 +12,7 @@ import contextlib
 from concurrent.futures import Future
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from host_agent.agent_backend import Backend, LinkEstimate
@@ -31,11 +32,9 @@ SILENT_AFTER_S = 3.0
 COURTESY_RPC_S = 2.0
 
 
-def _as_tensor(source: Future, target: Future) -> None:
-    if source.exception() is not None:
-        target.set_exception(source.exception())
-    else:
-        target.set_result(torch.from_numpy(source.result()))
+def _tensor_copy(words: np.ndarray) -> torch.Tensor:
+    """A message's aggregated words as the agent takes them, made on the stream's I/O thread."""
+    return torch.from_numpy(words.copy())
 
 
 class SwitchBackend(Backend):
@@ -51,7 +50,8 @@ class SwitchBackend(Backend):
         self.channel = channel
         who = StreamIdentity(joined.job_id, joined.rank, joined.epoch, joined.slot_count)
         self.stream = PacketStream(channel, who, self.world_size, timeout_s=timeout_s,
-                                   diagnose=self._diagnose, native=_engine_choice(engine))
+                                   diagnose=self._diagnose, native=_engine_choice(engine),
+                                   deliver=_tensor_copy)
         self._left = False
         self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change)
 
@@ -90,11 +90,7 @@ class SwitchBackend(Backend):
         return cls(client, job, joined, channel, timeout_s=timeout_s, heartbeat_s=heartbeat_s, engine=engine)
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
-        result: Future[torch.Tensor] = Future()
-        self.stream.submit(op, words.detach().cpu().numpy()).add_done_callback(
-            lambda done: _as_tensor(done, result)
-        )
-        return result
+        return self.stream.submit(op, words.detach().cpu().numpy())  # the stream delivers a tensor
 
     def link_estimate(self) -> LinkEstimate | None:
         rtt, rate = self.stream.rtt.srtt, self.stream.bytes_per_s
