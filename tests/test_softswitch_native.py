@@ -43,7 +43,7 @@ from softswitch.entity_store import Entities
 from softswitch.native import NativePipeline, layout, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.ports import PortSpec, UdpPort
-from tests.harness.switch_jobs import broken_job_updates, position
+from tests.harness.switch_jobs import broken_job_updates, loopback_job, loopback_sockets, position
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native pipeline is not built")
 
@@ -346,22 +346,13 @@ def test_udp_bursts_match_the_python_port_and_pipeline():
     the same order per rank, and the same counters and registers."""
     twins = Twins()
     twins.configure()
-    ranks = [[socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)] for _ in range(2)]
-    for sock in (s for side in ranks for s in side):
-        sock.bind(("127.0.0.1", 0))
-        sock.settimeout(3)
+    ranks = [loopback_sockets(3) for _ in range(2)]
     ports = [UdpPort(PortSpec(1, host="127.0.0.1", udp_port=0), pipeline.rx)
              for pipeline in (twins.python, twins.state)]
     twins.native.attach(ports[1])
     jobs_ = []
     for side, pipeline in zip(ranks, (twins.python, twins.state), strict=True):
-        members = [WorkerEndpoint(r, "127.0.0.1", s.getsockname()[1], "02:00:00:00:00:01", 1)
-                   for r, s in enumerate(side)]
-        job = make_job(21, 3, members, slot_count=4, epoch=3)
-        entities = Entities(pipeline, INDEX.p4info)
-        for up in job_updates(INDEX, job):
-            entities.write(up)
-        jobs_.append(job)
+        jobs_.append(loopback_job(INDEX, pipeline, side, 21, 3, slot_count=4, epoch=3))
     junk_sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rng = np.random.default_rng(7)
     datagrams = []  # (rank, bytes): a rank's packets leave from its own socket (the switch checks the port)
