@@ -1,7 +1,8 @@
 /*
  * The engine's state machine, shared by _engine.c's Python type: positions, segments, the ring of
- * packets in flight, the window and the round-trip estimator. Mirrors host_agent/transport/engine_core.py and
- * window.py line for line; no I/O here (the pump in _engine.c does it).
+ * packets in flight, the window and the round-trip estimator. Mirrors host_agent/transport/engine_core.py
+ * and window.py line for line; no I/O here: engine_io.c sends (send_out, through lhc_ina/udp_batch.c) and
+ * receives (drain), and _engine.c's pump calls them around the state machine.
  */
 #ifndef LHC_ENGINE_CORE_H
 #define LHC_ENGINE_CORE_H
