@@ -11,6 +11,10 @@ BF_P4C ?= bf-p4c
 P4_BUILD := build/p4
 TARGET ?= softswitch
 PYTEST_ARGS ?=
+# `make test` runs pytest on this many processes (pytest-xdist; 0: one process). conftest.py keeps each
+# module's tests on one worker and the tests that use the host's network (veths, Mininet) on one worker,
+# and puts the groups with the most `slow` tests first.
+TEST_WORKERS ?= 2
 # e.g. make demo DEMO_ARGS='--workers 2 --steps 10'
 DEMO_ARGS ?=
 
@@ -38,7 +42,7 @@ demo: venv
 
 test: venv p4-check wireshark-check test-tools
 	$(PY) -m ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: venv
 	$(PY) -m ruff check .

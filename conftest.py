@@ -1,5 +1,6 @@
-"""Skip tests whose marker names something this machine lacks, with a reason that says what; and the
-fixtures several test modules share (a module may define its own fixture of the same name)."""
+"""Skip tests whose marker names something this machine lacks, with a reason that says what; group the
+tests for a parallel run (``make test``: pytest-xdist, ``--dist loadgroup``); and the fixtures several
+test modules share (a module may define its own fixture of the same name)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,20 @@ def _missing(marker: str) -> str | None:
     return None
 
 
+#: Markers of tests that use the machine's own network (veth pairs, Mininet, AF_PACKET, processes found
+#: by name): they share one xdist group, so that they run one at a time in a parallel run.
+HOST_NETWORK = ("root", "mininet")
+HOST_NETWORK_GROUP = "host-network"
+
+
+def xdist_group(markers: set[str], module: str) -> str:
+    """The xdist group of a test with ``markers`` in ``module`` that names none itself: the host network's
+    one group, else its module's (a module's tests and its module-scoped fixtures stay on one worker; a
+    module spreads over workers only where it names groups of its own)."""
+    return HOST_NETWORK_GROUP if markers & set(HOST_NETWORK) else module
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reasons: dict[str, str | None] = {}
     for item in items:
@@ -68,6 +83,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if reasons[mark.name]:
                 item.add_marker(pytest.mark.skip(reason=reasons[mark.name]))
                 break
+        if item.get_closest_marker("xdist_group") is None:
+            markers = {mark.name for mark in item.iter_markers()}
+            item.add_marker(pytest.mark.xdist_group(xdist_group(markers, item.path.name)))
+    # The groups with the most `slow` tests first (a stable sort: a group's tests keep their order), so
+    # that a parallel run (`--no-loadscope-reorder`) starts the longest groups and ends on short ones.
+    slow: dict[str, int] = {}
+    for item in items:
+        group = item.get_closest_marker("xdist_group").args[0]
+        slow[group] = slow.get(group, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[item.get_closest_marker("xdist_group").args[0]])
 
 
 @pytest.fixture(params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])

@@ -100,6 +100,7 @@ def short_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     return json.loads(done.stdout.strip().splitlines()[-1]), out
 
 
+@pytest.mark.slow
 def test_a_short_demo_learns_and_lhc_evaluates_as_dense(short_demo: tuple[dict, Path]) -> None:
     """After 6 steps of 2 workers the held-out AUC is well above chance in every run (about 0.70
     measured), and lhc's equals dense-through-the-switch's on every step: the same parameters."""
@@ -116,6 +117,7 @@ def test_a_short_demo_learns_and_lhc_evaluates_as_dense(short_demo: tuple[dict, 
     assert all(len(r["auc"]) == 6 for ranks in runs.values() for r in ranks)
 
 
+@pytest.mark.slow
 def test_a_short_demo_trains_exactly_through_the_switch(short_demo: tuple[dict, Path]) -> None:
     """lhc's losses equal dense-through-the-switch's bit for bit, with at least 5x fewer bytes, and the
     plot is written."""

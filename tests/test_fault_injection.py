@@ -6,7 +6,8 @@ and one controller (real processes), makes 1-3 calls of random modes, sizes, dty
 one fault at a random point: a worker raises alone between rounds, stalls, or dies (its I/O thread and
 heartbeats stop, no goodbye); the controller or the switch is killed (-9, then restarted: the switch comes
 back empty and the jobs get new epochs) or stalled (SIGSTOP, then SIGCONT). ``LHC_FAULT_TRIALS`` sets the
-number of trials (default 200); a failing trial prints its seed.
+number of trials (default 200, in 4 shares that a parallel run spreads); a failing trial prints its
+seed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ from tests.harness.fault_trials import TrialStack, check_trials, draw_trial, run
 from tests.harness.faults import failing_session
 
 TRIALS = int(os.environ.get("LHC_FAULT_TRIALS", "200"))
+#: The trials run in this many shares (seed s in share s mod SHARES), each a test of its own xdist group,
+#: so that a parallel run spreads them over its workers (each worker its own switch and controller).
+SHARES = 4
+SHARE_PARAMS = [pytest.param(share, marks=pytest.mark.xdist_group(f"fault-injection-{share}"))
+                for share in range(SHARES)]
 KINDS = {"none": 4, "worker_raise": 4, "worker_stall": 2, "worker_kill": 3, "controller_kill": 2,
          "controller_stall": 1, "switch_kill": 2, "switch_stall": 2}
 #: The transport's timer for a silent peer; a switch that restarts needs the controller to re-admit the
@@ -103,7 +109,10 @@ def _trial(stack: TrialStack, seed: int) -> tuple[str, list[str]]:
 
 
 @pytest.mark.slow
-def test_every_live_worker_ends_exact_or_with_a_clear_error(stack: TrialStack) -> None:
-    tally, exact_trials = check_trials(TRIALS, lambda seed: _trial(stack, seed), "fault injection")
+@pytest.mark.parametrize("share", SHARE_PARAMS)
+def test_every_live_worker_ends_exact_or_with_a_clear_error(stack: TrialStack, share: int) -> None:
+    seeds = range(share, TRIALS, SHARES)
+    tally, exact_trials = check_trials(seeds, lambda seed: _trial(stack, seed),
+                                       f"fault injection, share {share}")
     # Not vacuous: the trials without a fault, and most stalls, end exact.
-    assert exact_trials >= TRIALS // 5, tally
+    assert exact_trials >= len(seeds) // 5, tally

@@ -53,3 +53,45 @@ def test_marked_tests_are_skipped_with_the_reason(
     result = pytester.runpytest("-rs")
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*needs the p4c compiler on PATH*"])
+
+
+def test_every_test_has_a_parallel_group_keeping_modules_and_the_host_network_together(
+    pytester: pytest.Pytester,
+) -> None:
+    """``make test`` runs pytest-xdist with ``--dist loadgroup``: a module's tests share one group (its
+    module-scoped fixtures are set up once), the tests that use the host's network share another whatever
+    their module, and a group a test names itself stands."""
+    pytester.makeconftest((REPO_ROOT / "conftest.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    root: root\n    mininet: mininet\n    slow: slow\n")
+    pytester.makepyfile(
+        test_alpha=textwrap.dedent(
+            """
+            import pytest
+
+            def test_plain():
+                pass
+
+            @pytest.mark.root
+            def test_veths():
+                pass
+
+            @pytest.mark.xdist_group("own")
+            def test_named():
+                pass
+            """
+        ),
+        test_beta=textwrap.dedent(
+            """
+            import pytest
+
+            pytestmark = pytest.mark.mininet
+
+            def test_emulation():
+                pass
+            """
+        ),
+    )
+    items, _ = pytester.inline_genitems()
+    groups = {item.name: item.get_closest_marker("xdist_group").args[0] for item in items}
+    assert groups == {"test_plain": "test_alpha.py", "test_veths": "host-network", "test_named": "own",
+                      "test_emulation": "host-network"}

@@ -48,6 +48,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         yield ctl
 
 
+@pytest.fixture(scope="module")
+def plain_fsdp(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Plain FSDP over Gloo for 5 steps, trained once for the tests that hold lhc to it."""
+    return run_ranks(FSDP_SCRIPT, tmp_path_factory.mktemp("plain-fsdp"), "plain", "--backend", "plain",
+                     "--steps", "5")
+
+
 def assert_fsdp_within_the_bound(plain: list[dict], ours: list[dict], steps: int) -> None:
     """Per step, each averaged gradient element is off by at most 2^(3 + k - 31) * M + 2^-23 * |g|
     (quantize.py: W workers, a scale at most 3 binades coarser than the agreed one, divided by W), M the
@@ -61,25 +68,27 @@ def assert_fsdp_within_the_bound(plain: list[dict], ours: list[dict], steps: int
             assert error <= bound + 2.0**-24 * float(param.abs().max()), (name, error, bound)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("through_switch", [False, True], ids=["process-group", "softswitch"])
-def test_fsdp_trains_through_lhc_within_the_bound(tmp_path: Path, through_switch: bool, stack) -> None:
+def test_fsdp_trains_through_lhc_within_the_bound(tmp_path: Path, through_switch: bool, stack,
+                                                  plain_fsdp: list[dict]) -> None:
     """fully_shard on CPU over Gloo: FSDP's reduce_scatter (AVG) goes through lhc, its all_gather to
     Gloo; every rank holds the same parameters, plain FSDP's within the bound."""
-    steps = 5
+    steps = 5  # plain_fsdp's
     env = {}
     if through_switch:
         job = f"fsdp-{next(_JOBS)}"
         stack.client.create_job(job, workers=WORLD)
         env = {"LHC_CONTROLLER": stack.listen, "LHC_JOB": job}
-    plain = run_ranks(FSDP_SCRIPT, tmp_path, "plain", "--backend", "plain", "--steps", str(steps))
     ours = run_ranks(FSDP_SCRIPT, tmp_path, "lhc", "--backend", "lhc", "--steps", str(steps), env=env)
     # one reduce_scatter per step for each unit that holds parameters (the 2 Linears; the root holds none)
     assert all(run["lhc"] == {"reduce_scatter": 2 * steps} for run in ours), [run["lhc"] for run in ours]
     for name, param in ours[0]["params"].items():
         assert torch.equal(param, ours[1]["params"][name])
-    assert_fsdp_within_the_bound(plain, ours, steps)
+    assert_fsdp_within_the_bound(plain_fsdp, ours, steps)
 
 
+@pytest.mark.slow
 def test_reduce_scatter_decodes_only_the_shard(tmp_path: Path) -> None:
     """2 processes, every mode: each rank's reduce_scatter output is its slice of the all_reduce, bit for
     bit, and the same bytes went on the wire; union and dense dequantized only the shard, sketch peeled

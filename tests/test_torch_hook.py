@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,10 +63,30 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         yield ctl
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., list[dict]]:
+    """``train(hook, *args)`` without the switch, each (hook, args) trained once per module: several tests
+    hold the hook to the same plain run, or start from the same run on the process group."""
+    folder, runs = tmp_path_factory.mktemp("trained"), {}
+
+    def run(hook: str, *args: str) -> list[dict]:
+        if (hook, args) not in runs:
+            runs[hook, args] = train(folder, hook, *args, tag=f"-{len(runs)}")
+        return runs[hook, args]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def plain(trained: Callable[..., list[dict]]) -> Callable[..., list[dict]]:
+    """Plain DDP (no hook) for the rank script's arguments, trained once per module."""
+    return lambda *args: trained("none", *args)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("hook", ["pg", "switch"])
-def test_integer_gradients_give_plain_ddp_bit_for_bit(tmp_path: Path, hook: str, stack) -> None:
-    plain = train(tmp_path, "none", "--integer")
-    assert_same_params(train(tmp_path, hook, "--integer", stack=stack), plain)
+def test_integer_gradients_give_plain_ddp_bit_for_bit(tmp_path: Path, hook: str, stack, plain) -> None:
+    assert_same_params(train(tmp_path, hook, "--integer", stack=stack), plain("--integer"))
 
 
 def assert_within_the_bound(plain: list[dict], hooked: list[dict], steps: int) -> None:
@@ -78,39 +99,41 @@ def assert_within_the_bound(plain: list[dict], hooked: list[dict], steps: int) -
             assert float((pa - pb).abs().max()) <= bound + 2.0**-24 * float(pa.abs().max())
 
 
-def test_float_gradients_stay_within_the_quantization_bound(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_float_gradients_stay_within_the_quantization_bound(plain, trained) -> None:
     steps = 6
-    plain = train(tmp_path, "none", "--steps", str(steps))
-    assert_within_the_bound(plain, train(tmp_path, "pg", "--steps", str(steps)), steps)
+    assert_within_the_bound(plain("--steps", str(steps)), trained("pg", "--steps", str(steps)), steps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("hook", "through_switch"),
                          [("pg", False), ("switch", True), ("backend", False), ("backend", True)])
 def test_an_amp_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path: Path, hook: str,
-                                                                  through_switch: bool, stack) -> None:
+                                                                  through_switch: bool, stack, plain) -> None:
     """autocast + GradScaler, rank 1's loss infinite at step 2: as with plain DDP, every rank's scaler sees
     the overflow (the bucket comes back non-finite, no error), skips that step and halves the scale; the
     other steps train, to plain DDP's parameters within the quantization bound. With the hook, and with
     the lhc backend (no hook: DDP's own allreduce), over the process group and through softswitch."""
     steps, overflow = 6, 2
     args = ("--amp", "--steps", str(steps), "--overflow-at", str(overflow))
-    plain = train(tmp_path, "none", *args)
+    plain_runs = plain(*args)
     hooked = train(tmp_path, hook, *args, stack=stack if through_switch else None)
-    scales = plain[0]["scales"]
+    scales = plain_runs[0]["scales"]
     assert scales[overflow] == scales[overflow - 1] / 2 and len(set(scales)) == 2, scales
-    assert all(run["scales"] == scales for run in plain + hooked), [run["scales"] for run in hooked]
+    assert all(run["scales"] == scales for run in plain_runs + hooked), [run["scales"] for run in hooked]
     assert all(bool(param.isfinite().all()) for run in hooked for param in run["params"])
     if hook == "backend":  # every step's buckets went through lhc
         assert all(run["lhc"].get("all_reduce", 0) >= steps for run in hooked), hooked[0]["lhc"]
-    assert_within_the_bound(plain, hooked, steps)
+    assert_within_the_bound(plain_runs, hooked, steps)
 
 
-def test_a_checkpoint_resumes_to_the_same_parameters(tmp_path: Path) -> None:
-    """Checkpoint at step 4 of 8, resume in new processes: the parameters of an uninterrupted run."""
-    straight = train(tmp_path, "pg", "--steps", "8")
+@pytest.mark.slow
+def test_a_checkpoint_resumes_to_the_same_parameters(tmp_path: Path, trained) -> None:
+    """Checkpoint at step 3 of 6, resume in new processes: the parameters of an uninterrupted run."""
+    straight = trained("pg", "--steps", "6")
     prefix = str(tmp_path / "ckpt")
-    train(tmp_path, "pg", "--steps", "8", "--save-at", "4", prefix, tag="-first")
-    resumed = train(tmp_path, "pg", "--steps", "8", "--resume", prefix, tag="-resumed")
+    train(tmp_path, "pg", "--steps", "6", "--save-at", "3", prefix, tag="-first")
+    resumed = train(tmp_path, "pg", "--steps", "6", "--resume", prefix, tag="-resumed")
     assert_same_params(resumed, straight)
 
 

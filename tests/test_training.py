@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,12 +37,14 @@ def losses(lines: list[str]) -> list[str]:
     return [line.split(" loss ")[1].split()[0] for line in lines]
 
 
+@pytest.mark.slow
 def test_the_example_trains_under_torchrun_with_the_hook() -> None:
     steps = torchrun("--hook", "--steps", "3")
     assert len(steps) == 3, steps
     assert all(float(line.split("compression ")[1].rstrip("x")) > 1 for line in steps), steps
 
 
+@pytest.mark.slow
 def test_the_unchanged_example_picks_lhc_from_the_environment_through_softswitch(tmp_path: Path) -> None:
     """Launch lines only: LHC_DISTRIBUTED with the controller's address and a job makes the script's
     ``init_process_group("gloo")`` the lhc backend, through softswitch; its losses equal the hook's

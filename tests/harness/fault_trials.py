@@ -131,17 +131,19 @@ def said(outcomes: dict[int, list[str]], hung: list[int], dead: Collection[int] 
     return lines
 
 
-def check_trials(trials: int, trial: Callable[[int], tuple[str, list[str]]],
+def check_trials(seeds: int | range, trial: Callable[[int], tuple[str, list[str]]],
                  name: str) -> tuple[Counter, int]:
-    """Run ``trial(seed)`` for every seed: no line may say hung, WRONG or raised (a failing trial names
-    its seed); the tally of (kind, outcome) and the number of trials that ended exact everywhere."""
+    """Run ``trial(seed)`` for every seed (``range(seeds)`` for a count): no line may say hung, WRONG or
+    raised (a failing trial names its seed); the tally of (kind, outcome) and the number of trials that
+    ended exact everywhere."""
+    seeds = range(seeds) if isinstance(seeds, int) else seeds
     tally: Counter[str] = Counter()
     exact_trials = 0
-    for seed in range(trials):
+    for seed in seeds:
         kind, lines = trial(seed)
         bad = [line for line in lines if "hung" in line or "WRONG" in line or "raised" in line]
         assert not bad, f"trial {seed} ({kind}): {bad}"
         tally.update(f"{kind}:{line.rsplit(': ', 1)[1]}" for line in lines)
         exact_trials += all(line.endswith("exact") for line in lines)
-    print(f"{name}, {trials} trials: {dict(sorted(tally.items()))}, all exact in {exact_trials}")
+    print(f"{name}, {len(seeds)} trials: {dict(sorted(tally.items()))}, all exact in {exact_trials}")
     return tally, exact_trials
