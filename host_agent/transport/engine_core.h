@@ -12,14 +12,14 @@
 #include <netinet/in.h>
 #include <stdint.h>
 
-/* engines.RECEIVE_BATCH and RECEIVE_BURST, checked by configure(): datagrams per recvmmsg, and at most this
+/* engine_io.RECEIVE_BATCH and RECEIVE_BURST, checked by configure(): datagrams per recvmmsg, and at most this
  * many per drain before the timers are looked at again */
 #define RX_BATCH 64
 #define RX_BURST 256
 #define RX_SLOT 2048     /* a receive slot: longer than any lhc packet, so a longer datagram is never whole */
 
 /* The constants the reference owns (lhc_ina.constants, window.py, engine_core.py), by the name
- * engines.SHARED_CONSTANTS gives each, set by configure(): (C type, field, name). */
+ * engine_io.SHARED_CONSTANTS gives each, set by configure(): (C type, field, name). */
 #define ENGINE_CONSTANTS(X)                                                                               \
     X(Py_ssize_t, lanes, "LANES") X(Py_ssize_t, header_bytes, "HEADER_BYTES")                              \
     X(Py_ssize_t, packet_bytes, "PACKET_BYTES") X(int, max_workers, "MAX_WORKERS")                          \
