@@ -33,8 +33,8 @@ One ``step(now, datagrams)`` takes the results that arrived, then decides what l
    result, no new packet) while packets are in flight, the *newest* unanswered packet goes again, and
    again after twice the wait, up to ``MAX_PROBES`` times. Its result shows every earlier loss by the gap
    at once, so a burst lost at the tail costs about two round trips instead of a timer. When a peer is
-   only late, the switch drops the probes as duplicates: a few packets per quiet spell, no storm. Probes are counted apart
-   (``tail_probes``); they leave the window alone (no loss was seen).
+   only late, the switch drops the probes as duplicates: a few packets per quiet spell, no storm. Probes
+   are counted apart (``tail_probes``); they leave the window alone (no loss was seen).
 5. **New packets**, as far as the window and the shadow-copy rule allow (never p + S before p's result).
 
 Each loss also tells the window, which halves only when the delay says the path is congested.
