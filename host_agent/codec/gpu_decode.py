@@ -60,18 +60,31 @@ def set_bit_items(words: torch.Tensor, n_bits: int, group: int, n_items: int) ->
     return out
 
 
+@triton.jit
+def _bfloat16_bits(v):
+    """float32 to bfloat16, ties to even, as torch rounds it (its bits, as int16): a float cast would be
+    the compiler's choice of rounding, and Triton's interpreter truncates."""
+    u = v.to(tl.uint32, bitcast=True)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
+
+
 @triton.jit(do_not_specialize=["lo", "hi", "block", "k"])
-def _fill(out, lo, hi, block, cands, values, k, f1, f2, f3, DEQUANTIZE: tl.constexpr, TILE: tl.constexpr,
-          LANES: tl.constexpr):
+def _fill(out, lo, hi, block, cands, values, k, f1, f2, f3, DEQUANTIZE: tl.constexpr, BF16: tl.constexpr,
+          TILE: tl.constexpr, LANES: tl.constexpr):
     """``output.OutputRange.fill`` after ``quantize.dequantize``: each candidate's row at its elements
-    within [lo, hi) (the output was zeroed)."""
+    within [lo, hi) (the output was zeroed; a bfloat16 output is written as its bits)."""
     i = tl.program_id(0) * TILE + tl.arange(0, TILE)
     ok = i < k
     lane = tl.arange(0, LANES)
     elem = tl.load(cands + i, mask=ok, other=0)[:, None] * block + lane[None, :]
     inside = ok[:, None] & (lane[None, :] < block) & (elem >= lo) & (elem < hi)
     q = tl.load(values + i.to(tl.int64)[:, None] * block + lane[None, :], mask=inside, other=0)
-    row = dequantize(q, f1, f2, f3).to(out.dtype.element_ty) if DEQUANTIZE else q
+    if BF16:
+        row = _bfloat16_bits(dequantize(q, f1, f2, f3))
+    elif DEQUANTIZE:
+        row = dequantize(q, f1, f2, f3).to(out.dtype.element_ty)
+    else:
+        row = q
     tl.store(out + (elem - lo), row, mask=inside)
 
 
@@ -98,8 +111,10 @@ def fill_output(out: torch.Tensor, lo: int, cands: torch.Tensor, values: torch.T
     lanes = next_pow2(block)
     tile = max(1, sizes()["fill"] // lanes)
     f1, f2, f3 = pow2_factors(-scale) if scale is not None else (1.0, 1.0, 1.0)
-    launch(_fill, (-(-k // tile),), out, lo, lo + out.numel(), block, cands, values, k, f1, f2, f3,
-           DEQUANTIZE=scale is not None, TILE=tile, LANES=lanes, num_warps=sizes()["warps"])
+    bf16 = out.dtype == torch.bfloat16
+    target = out.view(torch.int16) if bf16 else out
+    launch(_fill, (-(-k // tile),), target, lo, lo + out.numel(), block, cands, values, k, f1, f2, f3,
+           DEQUANTIZE=scale is not None, BF16=bf16, TILE=tile, LANES=lanes, num_warps=sizes()["warps"])
 
 
 #: ``granularity.GROUPS``, as the counting kernel unrolls them: 2^0 .. 2^6.
