@@ -44,20 +44,17 @@ from .quantize import (
     HEADER_WORDS,
     MAX_FIELD,
     SCALE_SLACK,
-    check_sum_range,
-    dequantize,
     exponent_field,
     header_words,
-    int_bound,
     int_in_bound,
     nonfinite_ranks,
     parse_header,
-    quantize,
     scale_for,
     scale_holds,
 )
-from .sketch import SketchSpec, cells_per_candidate, encode_sketch, sketch_cells
+from .sketch import SketchSpec, cells_per_candidate, sketch_cells
 from .state import BucketShape, CodecState
+from .steps import Steps
 
 Results = dict[str, torch.Tensor]  # a completed round's reduced words, by message kind
 
@@ -82,7 +79,7 @@ class Outcome:
     state: CodecState
 
 
-class Rounds:
+class Rounds(Steps):
     """The protocol state of one worker for one aggregation (see the module docstring)."""
 
     def __init__(
@@ -160,22 +157,6 @@ class Rounds:
             self.assumed = None
         self.scale = scale_for(self.agreed if self.assumed is None else self.assumed, self.world)
 
-    def _quantize(self, rows: torch.Tensor, clamp: bool = False) -> torch.Tensor:
-        if not self.is_float:
-            return rows
-        if not self.finite:  # only beside the header, which tells every worker to discard these words
-            return torch.zeros(rows.shape, dtype=torch.int32, device=rows.device)
-        assert self.scale is not None
-        return quantize(rows, self.scale, clamp)
-
-    def _dequantize(self, summed: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-        """``part`` of the integer sums ``summed`` in the output dtype. Whether the sum overflows it is
-        read from all of ``summed``, so that every worker raises alike whatever its output range."""
-        if not self.is_float:
-            return part
-        check_sum_range(summed, self.scale or 0, self.agreed, self.world, self.x.dtype)
-        return dequantize(part, self.scale or 0, self.x.dtype)
-
     def _output(self) -> torch.Tensor:
         """Where the total goes (not zeroed: every caller writes all of it)."""
         return self.x.new_empty(self.output_range.size) if self.out is None else self.out
@@ -207,12 +188,7 @@ class Rounds:
     def _sparse_start(self) -> Round:
         with self.clock("encode"):
             if self.triton and self.support is None:  # one scan finds the items and the header's figures
-                from .gpu_encode import scan_nonzero
-
-                scan = scan_nonzero(self.x, self.block)
-                self.items, self.rows = scan.items, scan.rows
-                bound = int_bound(self.world)
-                header = self._header_of(scan.field, scan.finite, -bound <= scan.lo and scan.hi <= bound)
+                header = self._scan_triton()
             else:
                 if self.support is not None:
                     self.items = support_items(self.support.to(self.x.device), self.block)
@@ -320,28 +296,6 @@ class Rounds:
             q = self._candidate_values(self.cands)
         return Round([(Op.ADD, "values", q)], self._after_values)
 
-    def _sketch_words(self, clamp: bool) -> torch.Tensor:
-        """This worker's sketch: its rows quantized and added to their cells (one kernel on the GPU path)."""
-        assert self.sketch is not None
-        if not self.triton:
-            return encode_sketch(self.sketch, self.items, self._quantize(self.rows, clamp=clamp))
-        if not self.finite:  # only beside the header, which tells every worker to discard these words
-            return torch.zeros(self.sketch.words, dtype=torch.int32, device=self.x.device)
-        from .gpu_encode import encode_sketch as encode_sketch_triton
-
-        return encode_sketch_triton(self.sketch, self.items, self.rows, self.scale if self.is_float else None,
-                                    clamp)
-
-    def _candidate_values(self, cands: torch.Tensor) -> torch.Tensor:
-        """The quantized rows of ``cands`` (gathered and quantized by one kernel on the GPU path)."""
-        if not self.triton:
-            return self._quantize(gather_items(self.x, cands, self.block))
-        if not self.finite:
-            return torch.zeros((cands.numel(), self.block), dtype=torch.int32, device=self.x.device)
-        from .gpu_encode import gather_quantize
-
-        return gather_quantize(self.x, cands, self.block, self.scale if self.is_float else None)
-
     def _after_residue(self, res: Results) -> Outcome:
         self.values[self.left] = res["residue"].view(self.left.numel(), self.block)
         return self._finish_sparse()
@@ -366,21 +320,6 @@ class Rounds:
         decoded = self.values if self.peeled else rows
         self.stats.update(self._sparse_stats(), decoded_elements=decoded.numel(), next_group=group)
         return self._outcome(total, union or None, group)  # an empty union tells nothing about the next round
-
-    def _fill_triton(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The output, written by one kernel that dequantizes too, and the candidates' rows in the range
-        (for the stats: the whole range needs no search for them)."""
-        from .gpu_decode import fill_output
-
-        whole = self.output_range.lo == 0 and self.output_range.hi == self.x.numel()
-        rows = self.values if whole else self.values[self.output_range.candidates(self.cands, self.block)]
-        scale = None
-        if self.is_float:
-            check_sum_range(self.values, self.scale or 0, self.agreed, self.world, self.x.dtype)
-            scale = self.scale or 0
-        total = self._output()
-        fill_output(total, self.output_range.lo, self.cands, self.values, self.block, scale)
-        return total, rows
 
     def _sparse_stats(self) -> dict:
         residue = self.stats.get("residue", 0)
