@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from benchmarks.codec_launches import counted_launches, prepare_interpreter, profiled_launches
+from benchmarks.codec_launches import counted_launches, interpreter_for, profiled_launches
 from benchmarks.codec_peeling import peel_trials
 
 DEFAULT_LENGTH = 1 << 24
@@ -353,12 +353,12 @@ def run(args: argparse.Namespace) -> int:
     combos = [(m, d, b) for d in densities for b in blocks for m in args.mode]
     cases = []
     if here in args.kernels:
-        prepare_interpreter(args.device)
         combos = [(*combo, layout) for combo in combos for layout in args.layout
                   if combo[0] == "sketch" or layout == args.layout[0]]  # the layout matters to sketch only
         progress = tqdm(combos, desc="codec cases", file=sys.stderr, disable=len(combos) < 2)
         for mode, density, block, layout in progress:
-            case = run_case(args, mode, density, block, layout)
+            with interpreter_for(args.device):
+                case = run_case(args, mode, density, block, layout)
             case["malloc_tuned"] = tuned
             cases.append(case)
             print(json.dumps(case), flush=True)

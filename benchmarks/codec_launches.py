@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 INTERPRET = "TRITON_INTERPRET"
 
 
-def prepare_interpreter(device: str) -> None:
+@contextmanager
+def interpreter_for(device: str) -> Iterator[None]:
     """On a CPU run, the GPU path's counts come from Triton's interpreter, which must be chosen before
-    the kernels are defined (their modules are imported only when the path first runs)."""
-    if device == "cpu":
-        os.environ.setdefault(INTERPRET, "1")
+    the kernels are defined (their modules are imported only when the path first runs); the setting is
+    the run's alone."""
+    if device != "cpu" or INTERPRET in os.environ:
+        yield
+        return
+    os.environ[INTERPRET] = "1"
+    try:
+        yield
+    finally:
+        del os.environ[INTERPRET]
 
 
 def counted_launches(xs: list[torch.Tensor], mode: str, block: int, state, options: dict) -> dict | None:
