@@ -62,16 +62,28 @@ def profiled_launches(x: torch.Tensor, mode: str, block: int, options: dict) -> 
     state = aggregate_local([x], mode=mode, block=block, **options).state
     session = WorkerSession(x, 0, 1, mode=mode, block=block, state=state, count_launches=True, **options)
     names: Counter[str] = Counter()
-    while not session.done:
+
+    @contextmanager
+    def profiled() -> Iterator[None]:
         torch.cuda.synchronize(x.device)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            session.advance()
+            yield
             torch.cuda.synchronize(x.device)
         names.update(e.name for e in prof.events() if e.device_type == DeviceType.CUDA)
+
+    drive_alone(session, profiled)
+    counted = session.result().stats["gpu_launches"]
+    return {"counted": counted, "counted_total": sum(counted.values()), "profiled_total": sum(names.values()),
+            "profiled": dict(names.most_common(16))}
+
+
+def drive_alone(session, around) -> None:
+    """Run a one-worker session to its end (its messages are their own aggregate, handed back from the
+    host as a transport would), each ``advance`` inside ``around()`` and nothing else."""
+    while not session.done:
+        with around():
+            session.advance()
         while session.ready_messages:
             message = session.next_message()
             assert message is not None
             session.receive(message.words.cpu())
-    counted = session.result().stats["gpu_launches"]
-    return {"counted": counted, "counted_total": sum(counted.values()), "profiled_total": sum(names.values()),
-            "profiled": dict(names.most_common(16))}

@@ -277,7 +277,7 @@ def test_decode_launches_do_not_grow_with_peeling_rounds():
     decoding takes the same number of device operations, at most 64, whatever the rounds; and encoding a
     few. Worker 0 runs the GPU path, the others the CPU's, and their totals agree (aggregate_local checks).
     At the default case (n = 2^24) ``lhc-bench codec --json`` counts the same way (docs/codec.md)."""
-    xs = make_inputs(8, 8, 1 << 18, "random", 0.01, dtype=torch.float32)
+    xs = [x.to(DEVICE) for x in make_inputs(8, 8, 1 << 18, "random", 0.01, dtype=torch.float32)]
     counted = {}
     for layout in ("fused", "plain"):
         state = aggregate_local(xs, layout=layout).state
@@ -292,14 +292,17 @@ def test_decode_launches_do_not_grow_with_peeling_rounds():
 def test_the_launch_counter_counts_torch_operations_and_triton_launches():
     from host_agent.codec.gpu_encode import encode_index as encode_index_triton
 
-    counter = launches.LaunchCounter(torch.device("cpu"))
+    counter = launches.LaunchCounter(DEVICE)
     with launches.counting(counter, "decode"):
-        a = torch.zeros(8)  # a fill
+        a = torch.zeros(8, device=DEVICE)  # a fill
         a.add_(1)  # a kernel
         a[2:].view(2, 3)  # views: none
         gpu.read_back(a)  # a copy, counted whether or not torch shows one
-        encode_index_triton("bitmap", torch.arange(5), 1, 1, 0, None)  # a fill and one launch, not the
-        # interpreter's own torch operations
+        items = torch.arange(5, device=DEVICE)  # a kernel
+        encode_index_triton("bitmap", items, 1, 1, 0, None)  # a fill and one launch, not the interpreter's
+        # own torch operations
+        with gpu.on_host():  # host work, which under the interpreter looks like the device's: none
+            torch.ones(3).add_(1)
     assert counter.counts == {"encode": 0, "decode": 6, "transfer": 0}
 
 
@@ -329,3 +332,24 @@ def test_a_gpu_session_sends_through_pinned_buffers_and_keeps_its_bucket():
     assert total.device == x.device and torch.equal(total, x)
     assert session.result().stats["kernels"] == "triton" and session.result().stats["layout"] == "plain"
     assert to_device(torch.arange(4, dtype=torch.int32), x.device).is_cuda
+
+
+def test_one_worker_alone_is_driven_as_the_profiled_benchmark_drives_it():
+    """``lhc-bench codec --device cuda`` profiles one worker's advances alone (its messages come back from
+    the host): driven so, its total is the CPU's and its launches are counted, transfers included."""
+    from contextlib import nullcontext
+
+    from benchmarks.codec_launches import drive_alone
+    from host_agent.codec import WorkerSession
+
+    x = make_inputs(2, 1, 30_000, "random", 0.02, dtype=torch.float32)[0].to(DEVICE)
+    state = aggregate_local([x], kernels="triton").state
+    session = WorkerSession(x, 0, 1, state=state, kernels="triton", count_launches=True)
+    drive_alone(session, nullcontext)
+    result = session.result()
+    expected = aggregate_local([x.cpu()], state=state).total
+    assert torch.equal(result.total.cpu(), expected) and result.stats["kernels"] == "triton"
+    counted = result.stats["gpu_launches"]
+    bloom = result.stats["index"] == "bloom"  # its query is one kernel more than a bitmap's set bits
+    assert counted["decode"] == 13 + bloom and counted["encode"] == 11
+    assert counted["transfer"] == (3 if CUDA else 0)  # agree, index, sketch to the device (a CPU has none)

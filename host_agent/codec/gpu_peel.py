@@ -74,11 +74,10 @@ def _take_out(acc, state, queue, counter, end, cell, pure, win, v, gone, block, 
 def _peel(cands, cells, acc, state, queue, claimed, values, peeled, ctl, k, m, block, start_seed, s0, s1, s2,
           s3, starts, seg, ARITY: tl.constexpr, PROGRAMS: tl.constexpr, TILE: tl.constexpr,
           LANES: tl.constexpr):
-    pid = tl.program_id(0)
-    stride: tl.constexpr = PROGRAMS * TILE  # loops stride over the grid from bounds that are not the pid's
+    pid = tl.program_id(0)  # loops stride over the grid (PROGRAMS * TILE) from bounds that are not the pid's
     lane = tl.arange(0, LANES)
     lane_ok = lane < block
-    for first in range(0, k, stride):
+    for first in range(0, k, PROGRAMS * TILE):
         x = first + pid * TILE + tl.arange(0, TILE)
         ok = x < k
         item = tl.load(cands + x, mask=ok, other=0)
@@ -89,11 +88,11 @@ def _peel(cands, cells, acc, state, queue, claimed, values, peeled, ctl, k, m, b
         tl.atomic_add(state + c2, weight, mask=ok, sem="relaxed")
         if ARITY == 4:
             tl.atomic_add(state + c3, weight, mask=ok, sem="relaxed")
-    for first in range(0, m * block, stride):
+    for first in range(0, m * block, PROGRAMS * TILE):
         w = first + pid * TILE + tl.arange(0, TILE)
         tl.store(acc + w, tl.load(cells + w, mask=w < m * block), mask=w < m * block)
     grid_sync(ctl + BARRIER, PROGRAMS)
-    for first in range(0, m, stride):
+    for first in range(0, m, PROGRAMS * TILE):
         c = first + pid * TILE + tl.arange(0, TILE)
         ok = c < m
         s = tl.load(state + c, mask=ok, other=0, cache_modifier=".cg")
@@ -109,7 +108,7 @@ def _peel(cands, cells, acc, state, queue, claimed, values, peeled, ctl, k, m, b
         counter = ctl + COUNTERS + rounds % 3
         if pid == 0:  # the counter the next round fills: every program read it two barriers ago
             tl.store(ctl + COUNTERS + (rounds + 1) % 3, 0)
-        for first in range(lo, hi, stride):
+        for first in range(lo, hi, PROGRAMS * TILE):
             q = first + pid * TILE + tl.arange(0, TILE)
             ok = q < hi
             c = tl.load(queue + q, mask=ok, other=0, cache_modifier=".cg").to(tl.int64)
