@@ -340,7 +340,8 @@ def run(args: argparse.Namespace) -> int:
 
     from host_agent.codec.native import KERNELS_VARIABLE, native_available
 
-    here = "native" if native_available() else "torch"
+    # on a GPU the CPU kernels do not run (the GPU path or LHC_CODEC_GPU=torch does): nothing to refuse
+    here = "native" if native_available() or args.device.startswith("cuda") else "torch"
     if "native" in args.kernels and here == "torch" and KERNELS_VARIABLE not in os.environ:
         print("lhc-bench codec: the compiled kernels are not built (pip install -e . with a C compiler);"
               " --kernels torch measures the torch code", file=sys.stderr)

@@ -43,6 +43,7 @@ from host_agent.auto import LINK_AGREE_EVERY, agreed_link, choose_mode, link_wor
 from host_agent.backend import Backend, LinkEstimate
 from host_agent.codec import MODES, CodecState, Message, WorkerSession
 from host_agent.codec.output import OutputRange
+from host_agent.codec.sketch import resolve_layout
 from host_agent.device_order import DeviceOrder, running
 from host_agent.errors import AggregationError
 from host_agent.seal import SealedRound
@@ -218,7 +219,8 @@ class Agent:
         if call.mode == "auto":
             if call.number % LINK_AGREE_EVERY == 0:
                 self._agree_link()
-            choice = choose_mode(call.tensor.numel(), self.world_size, call.block, state, self._link)
+            layout = resolve_layout(self.codec_options.get("layout", "auto"), call.tensor.device)
+            choice = choose_mode(call.tensor.numel(), self.world_size, call.block, state, self._link, layout)
             call.chosen, call.reason = choice.mode, choice.reason
         # Phase times for the stats; on a GPU they would cost a synchronize per phase, so only on request.
         options = {"timing": call.tensor.device.type == "cpu", **self.codec_options}

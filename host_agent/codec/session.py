@@ -79,7 +79,7 @@ from .output import OutputRange
 from .phase_clock import PhaseClock
 from .protocol import Outcome, Results, Round, Rounds
 from .quantize import FLOAT_DTYPES, INT_DTYPES
-from .sketch import DEFAULT_MARGIN
+from .sketch import DEFAULT_MARGIN, resolve_layout
 from .state import BucketShape, CodecState, Message, WorkerResult
 from .transfer import to_device
 
@@ -146,8 +146,8 @@ class WorkerSession:
             mode, block, expected_items, margin, headroom, seed, index, cells, timing, check_support, layout,
             kernels, count_launches,
         )
-        if options.layout == "auto":  # resolved before the digest: workers that resolve it apart disagree
-            options = dataclasses.replace(options, layout="plain" if x.device.type == "cuda" else "fused")
+        # resolved before the digest: workers that resolve it apart disagree at the agreement message
+        options = dataclasses.replace(options, layout=resolve_layout(options.layout, x.device))
         self._path = gpu.choose_path(x.device, options.kernels)
         output = OutputRange.of(output_range, x.numel())
         if out is not None and (out.shape != (output.size,) or out.dtype != x.dtype
