@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store, _create_work_from_future
 
 from host_agent.agent import Agent
+from host_agent.device_order import caller_stream, on_stream
 
 BACKEND = "lhc"
 #: The floats lhc aggregates; other dtypes go to Gloo or NCCL.
@@ -169,13 +170,15 @@ class LhcProcessGroup(dist.ProcessGroup):
         flat = tensor.reshape(-1)
         work_future: torch.futures.Future = torch.futures.Future()
         average = op.op == dist.ReduceOp.RedOpType.AVG
+        caller = caller_stream(tensor)
 
         def finish(done: Any) -> None:
             try:
                 total = done.result().total
-                if average:
-                    total = total.div_(self._size)
-                store(total.to(tensor.dtype))
+                with on_stream(caller):  # after the codec's work, which the caller's stream waits for
+                    if average:
+                        total = total.div_(self._size)
+                    store(total.to(tensor.dtype))
                 work_future.set_result(result)
             except Exception as exc:  # the caller's wait() raises it
                 work_future.set_exception(exc)

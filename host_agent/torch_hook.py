@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from host_agent.agent import Agent
+from host_agent.device_order import caller_stream, on_stream
 
 #: Per-step stats summed over a step's buckets.
 _SUMMED = ("bytes_sent", "packets", "retransmissions", "fast_retransmissions", "timer_retransmissions",
@@ -137,13 +138,17 @@ def lhc_hook(state: LhcHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     gradient = buffer if buffer.dtype == torch.float32 else buffer.float()
     if state.topk_ratio is not None:
         gradient = _sparsify(state, key, gradient)
-    result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    # A CUDA bucket: the future is CUDA-aware (DDP's stream waits for the event set_result records).
+    devices = [buffer.device] if buffer.device.type == "cuda" else None
+    result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=devices)
+    caller = caller_stream(buffer)
 
     def finish(done: Any) -> None:
         try:
             reduced = done.result()
             state.record(key, reduced.stats)
-            result.set_result(reduced.total.div_(state.world_size).to(buffer.dtype))
+            with on_stream(caller):  # the caller's stream waits for the codec's work already
+                result.set_result(reduced.total.div_(state.world_size).to(buffer.dtype))
         except Exception as exc:  # the training step raises it where it waits for gradients
             result.set_exception(exc)
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 import torch
 
 from host_agent.backend import Backend, LinkEstimate
+from host_agent.codec.transfer import to_host
 from host_agent.errors import AggregationError
 from host_agent.transport.channel import Channel, Impairment
 from host_agent.transport.packets import StreamIdentity
@@ -31,11 +32,14 @@ SILENT_AFTER_S = 3.0
 COURTESY_RPC_S = 2.0
 
 
-def _as_tensor(source: Future, target: Future) -> None:
+def _as_tensor(source: Future, target: Future, pinned: bool) -> None:
+    """The stream's result as a tensor: in pinned memory when it goes back to a GPU (the copy there is
+    then asynchronous; the host copies the words once either way)."""
     if source.exception() is not None:
         target.set_exception(source.exception())
-    else:
-        target.set_result(torch.from_numpy(source.result()))
+        return
+    words = torch.from_numpy(source.result())
+    target.set_result(words.pin_memory() if pinned else words)
 
 
 class SwitchBackend(Backend):
@@ -91,8 +95,9 @@ class SwitchBackend(Backend):
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
         result: Future[torch.Tensor] = Future()
-        self.stream.submit(op, words.detach().cpu().numpy()).add_done_callback(
-            lambda done: _as_tensor(done, result)
+        pinned = words.device.type == "cuda"
+        self.stream.submit(op, to_host(words.detach()).numpy()).add_done_callback(
+            lambda done: _as_tensor(done, result, pinned)
         )
         return result
 
