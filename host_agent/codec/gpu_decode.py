@@ -118,10 +118,10 @@ def fill_output(out: torch.Tensor, lo: int, cands: torch.Tensor, values: torch.T
 
 
 #: ``granularity.GROUPS``, as the counting kernel unrolls them: 2^0 .. 2^6.
-GROUP_POWERS: tl.constexpr = 7
+GROUP_POWERS = tl.constexpr(7)
 #: Per window: first and last kept item, kept count, new groups for each group size.
 _STATS = 10
-STATS: tl.constexpr = _STATS
+STATS = tl.constexpr(_STATS)
 
 
 @triton.jit(do_not_specialize=["k", "block", "windows"])

@@ -20,7 +20,7 @@ from .index import PATTERN_BITS
 from .sketch import SketchSpec
 
 #: The Bloom filter's patterns, chosen by a hash's low bits.
-PATTERN_MASK: tl.constexpr = (1 << PATTERN_BITS) - 1
+PATTERN_MASK = tl.constexpr((1 << PATTERN_BITS) - 1)
 
 
 @triton.jit(do_not_specialize=["n", "n_items", "block"])

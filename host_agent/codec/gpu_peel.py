@@ -37,13 +37,13 @@ from .gpu_jit import cell_ids, grid_sync
 from .peeling import PeelResult
 from .sketch import SketchSpec
 
-ONE: tl.constexpr = 1 << 40  # a candidate's weight in its cells' states: count * 2^40 + position
-POSITION: tl.constexpr = (1 << 40) - 1
+ONE = tl.constexpr(1 << 40)  # a candidate's weight in its cells' states: count * 2^40 + position
+POSITION = tl.constexpr((1 << 40) - 1)
 # ctl words: the barrier's arrivals, the three rounds' queue counters, candidates found, rounds run
-BARRIER: tl.constexpr = 0
-COUNTERS: tl.constexpr = 1
-FOUND: tl.constexpr = 4
-ROUNDS: tl.constexpr = 5
+BARRIER = tl.constexpr(0)
+COUNTERS = tl.constexpr(1)
+FOUND = tl.constexpr(4)
+ROUNDS = tl.constexpr(5)
 _CTL_WORDS = 8
 #: One peel at a time per process: two persistent kernels sharing the SMs could each wait for programs
 #: the other keeps from running.
@@ -168,5 +168,5 @@ def peel(spec: SketchSpec, cands: torch.Tensor, cells: torch.Tensor) -> PeelResu
                claimed, values, peeled, ctl, k, m, block, *seed_args(spec), ARITY=spec.arity,
                PROGRAMS=programs, TILE=max(1, sizes()["peel"] // lanes), LANES=lanes,
                num_warps=sizes()["warps"])
-        found, rounds = read_back(ctl[FOUND : ROUNDS + 1]).tolist()
+        found, rounds = read_back(ctl[FOUND.value : ROUNDS.value + 1]).tolist()
     return PeelResult(values, peeled.view(torch.bool), rounds, found == k)
