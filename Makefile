@@ -23,7 +23,7 @@ venv: $(INSTALLED)
 # place, so each is removed first and a missing one is reported (its tests then fail or say so).
 NATIVE_MODULES := host_agent/codec/_native lhc_ina/_udp host_agent/transport/_engine softswitch/_dataplane
 NATIVE_SOURCES := $(wildcard host_agent/codec/*.c host_agent/codec/*.h host_agent/transport/*.c \
-	host_agent/transport/*.h softswitch/_dataplane*.[ch] lhc_ina/*.[ch])
+	host_agent/transport/*.h softswitch/*.[ch] lhc_ina/*.[ch])
 $(INSTALLED): pyproject.toml setup.py $(NATIVE_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"

@@ -7,11 +7,13 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from controller.processes import SoftswitchProcess
-from tests.harness.bmv2 import Bmv2Process, start_switch
+if TYPE_CHECKING:
+    from lhc_launch.processes import SoftswitchProcess
+    from tests.harness.bmv2 import Bmv2Process
 
 
 def _has_cuda() -> bool:
@@ -70,6 +72,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])
 def switch(request) -> Iterator[SoftswitchProcess | Bmv2Process]:
-    """A switch process: softswitch, and BMv2 as well where simple_switch_grpc is on PATH."""
+    """A switch process: softswitch, and BMv2 as well where simple_switch_grpc is on PATH (imported here:
+    the modules that start processes load only for the tests that use one)."""
+    from tests.harness.bmv2 import start_switch
+
     with start_switch(request.param) as sw:
         yield sw

@@ -1,9 +1,15 @@
-"""The compiled parts: the codec's CPU kernels (host_agent/codec/_native.c and the *_kernels.c it binds:
-peeling, sketch encoding, the nonzero scan, set bits; pthreads for the second core), the worker's packet
-engine (host_agent/transport/_engine.c: window, timers, loss recovery, reassembly and the socket work, per
-batch), softswitch's native data plane (softswitch/_dataplane*.c) and the batched UDP I/O that the worker's
-channel and softswitch's UDP ports share (lhc_ina/_udp.c: sendmmsg, recvmmsg), all three over one layer
-(lhc_ina/udp_batch.c).
+"""The compiled parts, named one way: an extension ``pkg/_name.c`` (the module: its Python types and their
+argument parsing) and its C parts beside it as ``name_<part>.c`` with ``name.h`` / ``name_<part>.h``:
+
+- ``host_agent/transport/_engine.c`` + ``engine_core.c`` (window, timers, loss recovery, reassembly; the
+  twin of ``engine_core.py``) + ``engine_io.c`` (the socket work per batch): the worker's packet engine;
+- ``softswitch/_dataplane.c`` + ``dataplane_pipeline.c``, ``dataplane_io.c``, ``dataplane_tables.c``,
+  ``dataplane_slots.c``: softswitch's native data plane;
+- ``lhc_ina/_udp.c`` + ``udp_batch.c`` (the one batched-UDP layer, sendmmsg with GSO runs and recvmmsg,
+  that the other two use as well) + ``udp_planner.c``;
+- ``host_agent/codec/_native.c`` + ``*_kernels.c``: the codec's CPU kernels (peeling, sketch encoding,
+  the nonzero scan, set bits; pthreads for the second core). Not yet on the scheme (it would read
+  ``_kernels.c`` + ``kernels_<part>.c``): the codec is being changed on another branch.
 
 Everything else is in pyproject.toml. Every extension is optional: where no C compiler is present the
 install still succeeds; the codec then uses its torch implementations, the stream its Python engine,
@@ -52,10 +58,10 @@ setup(
         Extension(
             "softswitch._dataplane",
             [
-                "softswitch/_dataplane.c", "softswitch/_dataplane_pipeline.c", "softswitch/_dataplane_io.c",
-                "softswitch/_dataplane_tables.c", "softswitch/_dataplane_slots.c", UDP_BATCH,
+                "softswitch/_dataplane.c", "softswitch/dataplane_pipeline.c", "softswitch/dataplane_io.c",
+                "softswitch/dataplane_tables.c", "softswitch/dataplane_slots.c", UDP_BATCH,
             ],
-            depends=["softswitch/_dataplane.h", UDP_BATCH_H],
+            depends=["softswitch/dataplane.h", UDP_BATCH_H],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,
         ),

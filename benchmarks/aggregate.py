@@ -19,7 +19,7 @@ mode's time over its lossless time) and the retransmissions by kind (``fast_retr
 the results, ``timer_retransmissions`` by a timer). ``--engine`` picks the agents' packet engine.
 
 ``--topology leafspine`` runs every lhc mode once more, in the same run, over two leaves and a spine
-(``controller.processes.FabricProcesses``: three softswitch processes on loopback, W/2 workers under each
+(``lhc_launch.processes.FabricProcesses``: three softswitch processes on loopback, W/2 workers under each
 leaf, one controller driving all three); those rows carry ``topology: leafspine`` and
 ``seconds_vs_single_switch`` (their time over the same mode's through one switch, at the same W and loss).
 """
@@ -164,7 +164,7 @@ def _python_path_rows(args: argparse.Namespace, density: float, index: int, scra
     """Mode auto once more, through a softswitch running its Python pipeline with agents on the Python
     engine (the packet path before it went native), in the same run; the native auto row gains
     ``speedup_vs_python_path``."""
-    from controller.processes import ControllerProcess, SoftswitchProcess
+    from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 
     with SoftswitchProcess(pipeline="python") as switch, \
             ControllerProcess(switch, scratch / f"python-path-{index}") as controller:
@@ -280,8 +280,8 @@ def _plot(results: list[dict], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.processes import ControllerProcess, FabricProcesses, SoftswitchProcess
     from lhc_ina.jobservice.client import JobClient
+    from lhc_launch.processes import ControllerProcess, FabricProcesses, SoftswitchProcess
 
     results: list[dict] = []
     fabric = fabric_controller = None

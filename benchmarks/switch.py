@@ -53,12 +53,12 @@ from lhc_ina.wire import (
     empty_packets,
     set_header_fields,
 )
+from lhc_launch.switch_job import data_frame, job_updates, make_job
 from softswitch.cli import READY
-from softswitch.dataplane import NATIVE_BURST
-from softswitch.entities import Entities
+from softswitch.entity_store import Entities
 from softswitch.native import NativePipeline, native_available
 from softswitch.pipeline import Pipeline
-from softswitch.testing import data_frame, job_updates, make_job
+from softswitch.receive_loop import NATIVE_BURST
 
 #: linux/udp.h: the UDP_SEGMENT and UDP_GRO socket options (not in Python's socket module), and
 #: UDP_MAX_SEGMENTS, the most datagrams one GSO send carries.

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from lhc_ina.jobs import JobLayout, WorkerEndpoint
+from lhc_ina.jobservice.client import Peer
 
 
 class JobState(str, Enum):
@@ -15,24 +16,12 @@ class JobState(str, Enum):
 
 
 @dataclass(frozen=True)
-class MemberRecord:
-    rank: int
-    name: str
-    ip: str
-    udp_port: int
-    mac: str
-    switch_port: int
+class MemberRecord(Peer):
+    """A member as the store keeps it: what its peers are told (``Peer``), whether it left, and where."""
+
     left: bool = False
     #: The switch the worker sits under (a fabric's leaf; "" or "switch" for the one switch).
     switch: str = ""
-
-    @property
-    def address(self) -> str:
-        return f"{self.ip}:{self.udp_port}"
-
-    def describe(self) -> str:
-        """``rank 2 'h3' 10.0.0.3:40000``: how failures and logs name a worker."""
-        return f"rank {self.rank} {self.name!r} {self.address}"
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -39,12 +39,12 @@ from typing import Any
 
 import torch
 
+from host_agent.agent_backend import Backend, LinkEstimate
 from host_agent.auto import LINK_AGREE_EVERY, agreed_link, choose_mode, link_words
-from host_agent.backend import Backend, LinkEstimate
 from host_agent.codec import MODES, CodecState, Message, WorkerSession
 from host_agent.codec.output import OutputRange
 from host_agent.codec.sketch import resolve_layout
-from host_agent.device_order import DeviceOrder, running
+from host_agent.device_order import DeviceOrder, caller_stream, on_stream, running
 from host_agent.errors import AggregationError
 from host_agent.seal import SealedRound
 from lhc_ina.constants import FRAME_BYTES, Op
@@ -80,7 +80,7 @@ class _Call:
 
 
 class Agent:
-    """One worker's aggregation endpoint over any :class:`~host_agent.backend.Backend`."""
+    """One worker's aggregation endpoint over any :class:`~host_agent.agent_backend.Backend`."""
 
     def __init__(self, backend: Backend, *, mode: str = "auto", block: int = 1,
                  timeout_s: float = DEFAULT_TIMEOUT_S, **codec_options: Any) -> None:
@@ -175,7 +175,29 @@ class Agent:
             self._calls += 1
             self._queue.append(call)
             self._pending += 1
-            return self._executor.submit(self._run_next)
+            return self._executor.submit(self._run_next)  # hand-off 2: the agent's thread -> the caller
+
+    def allreduce_torch_future(self, tensor: torch.Tensor, finish: Callable[[AllreduceResult], Any],
+                               **options: Any) -> torch.futures.Future:
+        """:meth:`allreduce_async` as the torch Future that DDP's hook and a torch.distributed ``Work``
+        must return (they take no other kind), holding ``finish(result)``; an error (or one ``finish``
+        raises) is the future's exception, raised where the caller waits. For a CUDA tensor the future is
+        CUDA-aware (the caller's stream waits for the event its result records) and ``finish`` runs on the
+        caller's stream, which already waits for the codec's work."""
+        devices = [tensor.device] if tensor.device.type == "cuda" else None
+        handed: torch.futures.Future = torch.futures.Future(devices=devices)
+        caller = caller_stream(tensor)
+
+        def complete(done: Future[AllreduceResult]) -> None:  # hand-off 3, on the agent's thread
+            try:
+                result = done.result()
+                with on_stream(caller):
+                    handed.set_result(finish(result))
+            except Exception as exc:
+                handed.set_exception(exc)
+
+        self.allreduce_async(tensor, **options).add_done_callback(complete)
+        return handed
 
     # --- the agent's thread -----------------------------------------------------------------------
     def _run_next(self) -> AllreduceResult:

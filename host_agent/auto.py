@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from host_agent.backend import LinkEstimate
+from host_agent.agent_backend import LinkEstimate
 from host_agent.codec import CodecState
 from host_agent.codec.index import choose_index, expected_false_positives
 from host_agent.codec.items import item_count

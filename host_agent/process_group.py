@@ -20,7 +20,7 @@ from concurrent.futures import Future
 import torch
 import torch.distributed as dist
 
-from host_agent.backend import Backend
+from host_agent.agent_backend import Backend
 from host_agent.codec.transfer import to_host
 from lhc_ina.constants import Op
 

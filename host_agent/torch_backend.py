@@ -31,8 +31,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store, _create_work_from_future
 
-from host_agent.agent import Agent
-from host_agent.device_order import caller_stream, on_stream
+from host_agent.agent import Agent, AllreduceResult
 
 BACKEND = "lhc"
 #: The floats lhc aggregates; other dtypes go to Gloo or NCCL.
@@ -168,25 +167,17 @@ class LhcProcessGroup(dist.ProcessGroup):
         of the flat sum, if given); the Work completes then. A NaN or inf on any rank comes back as an
         all-NaN tensor on every rank (the codec's rule)."""
         flat = tensor.reshape(-1)
-        work_future: torch.futures.Future = torch.futures.Future()
         average = op.op == dist.ReduceOp.RedOpType.AVG
-        caller = caller_stream(tensor)
 
-        def finish(done: Any) -> None:
-            try:
-                total = done.result().total
-                with on_stream(caller):  # after the codec's work, which the caller's stream waits for
-                    if average:
-                        total = total.div_(self._size)
-                    store(total.to(tensor.dtype))
-                work_future.set_result(result)
-            except Exception as exc:  # the caller's wait() raises it
-                work_future.set_exception(exc)
+        def finish(reduced: AllreduceResult) -> Any:
+            total = reduced.total.div_(self._size) if average else reduced.total
+            store(total.to(tensor.dtype))
+            return result
 
         key = ("lhc-backend", flat.numel(), tensor.dtype)
-        self.agent.allreduce_async(flat if flat.dtype == torch.float32 else flat.float(), key=key,
-                                   output_range=output_range).add_done_callback(finish)
-        return _create_work_from_future(work_future)
+        summed = flat if flat.dtype == torch.float32 else flat.float()
+        done = self.agent.allreduce_torch_future(summed, finish, key=key, output_range=output_range)
+        return _create_work_from_future(done)  # the caller's wait() raises an error
 
 
 def _routed(tensors: list[torch.Tensor], op: dist.ReduceOp) -> bool:

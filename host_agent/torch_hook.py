@@ -25,8 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from host_agent.agent import Agent
-from host_agent.device_order import caller_stream, on_stream
+from host_agent.agent import Agent, AllreduceResult
 
 #: Per-step stats summed over a step's buckets.
 _SUMMED = ("bytes_sent", "packets", "retransmissions", "fast_retransmissions", "timer_retransmissions",
@@ -138,19 +137,10 @@ def lhc_hook(state: LhcHookState, bucket: dist.GradBucket) -> torch.futures.Futu
     gradient = buffer if buffer.dtype == torch.float32 else buffer.float()
     if state.topk_ratio is not None:
         gradient = _sparsify(state, key, gradient)
-    # A CUDA bucket: the future is CUDA-aware (DDP's stream waits for the event set_result records).
-    devices = [buffer.device] if buffer.device.type == "cuda" else None
-    result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=devices)
-    caller = caller_stream(buffer)
 
-    def finish(done: Any) -> None:
-        try:
-            reduced = done.result()
-            state.record(key, reduced.stats)
-            with on_stream(caller):  # the caller's stream waits for the codec's work already
-                result.set_result(reduced.total.div_(state.world_size).to(buffer.dtype))
-        except Exception as exc:  # the training step raises it where it waits for gradients
-            result.set_exception(exc)
+    def finish(reduced: AllreduceResult) -> torch.Tensor:
+        state.record(key, reduced.stats)
+        return reduced.total.div_(state.world_size).to(buffer.dtype)
 
-    state.agent.allreduce_async(gradient, key=key).add_done_callback(finish)
-    return result
+    # The training step raises an error where it waits for gradients.
+    return state.agent.allreduce_torch_future(gradient, finish, key=key)

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from lhc_demo import summary
 from lhc_demo.worker import RUNS, config_arguments
 from lhc_ina.jobservice.errors import ControllerError
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 
 #: A worker that has not finished by then is stuck: the demo fails instead of hanging.
 RUN_TIMEOUT_S = 900

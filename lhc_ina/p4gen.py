@@ -12,11 +12,11 @@ the preprocessor writes it out for every lane.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from lhc_ina import constants as c
+from lhc_ina.generated import generator_main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONSTANTS_P4 = REPO_ROOT / "p4src" / "shared" / "constants.p4"
@@ -112,21 +112,8 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the committed file is out of date")
-    parser.add_argument("--output", type=Path, default=CONSTANTS_P4)
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is out of date: run `make p4-constants`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    print(f"wrote {args.output}")
-    return 0
+    return generator_main(argv, __doc__.splitlines()[0], CONSTANTS_P4, render,
+                          ": run `make p4-constants`")
 
 
 if __name__ == "__main__":

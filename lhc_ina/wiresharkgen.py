@@ -10,13 +10,13 @@ number of its own. ``make wireshark-dissector`` rewrites the file; ``make wiresh
 
 from __future__ import annotations
 
-import argparse
 import sys
 from enum import IntEnum
 from pathlib import Path
 
 from lhc_ina import constants as c
 from lhc_ina import wire
+from lhc_ina.generated import generator_main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DISSECTOR_LUA = REPO_ROOT / "wireshark" / "lhc.lua"
@@ -118,22 +118,9 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the committed file is out of date")
-    parser.add_argument("--output", type=Path, default=DISSECTOR_LUA)
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is out of date with lhc_ina/constants.py, lhc_ina/wire.py or "
-                  f"lhc_ina/wireshark_dissector.lua: run `{COMMAND}`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    print(f"wrote {args.output}")
-    return 0
+    return generator_main(argv, __doc__.splitlines()[0], DISSECTOR_LUA, render,
+                          " with lhc_ina/constants.py, lhc_ina/wire.py or lhc_ina/wireshark_dissector.lua: "
+                          f"run `{COMMAND}`")
 
 
 if __name__ == "__main__":

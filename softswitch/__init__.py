@@ -10,9 +10,11 @@ Modules, one job each:
 - ``tables``: exact and LPM match-action tables (dicts), the data plane's view and the control plane's.
 - ``pre``: the packet replication engine (multicast groups).
 - ``pipeline``: parser, ingress, egress, checksum and deparser, mirroring the P4 controls (the reference).
-- ``native``: the same pipeline in C (``_dataplane*.c``) over the Pipeline's own state, run per burst.
+- ``native``: the same pipeline in C (``_dataplane.c`` + ``dataplane_*.c``, the type ``Dataplane``) over
+  the Pipeline's own state, run per burst.
 - ``ports``: port specs and the two port kinds (AF_PACKET interfaces, UDP over loopback).
-- ``dataplane``: the receive loop that feeds ports' frames through either pipeline.
-- ``p4info_compare``, ``entities``, ``arbitration``, ``server``: the P4Runtime server.
+- ``receive_loop``: the receive loop that feeds ports' frames through either pipeline.
+- ``p4info_compare``, ``entity_store`` (what the server's writes hold, checked as PI checks them; the
+  client's entity builders are ``lhc_ina.p4rt.entities``), ``arbitration``, ``server``: the P4Runtime server.
 - ``cli``: ``lhc-softswitch``.
 """

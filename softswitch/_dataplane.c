@@ -2,7 +2,7 @@
  * softswitch's native data plane: the per-packet semantics of softswitch/pipeline.py in C, over whole
  * bursts (recvmmsg in, sendmmsg out per port), on the very state the P4Runtime server reads and writes.
  *
- * Engine(pipeline, layout, actions)
+ * Dataplane(pipeline, layout, actions)
  *     Binds a softswitch.pipeline.Pipeline: its numpy registers and counters through the buffer protocol
  *     (held for the engine's life; Pipeline.reset fills them in place), its tables and PRE by reference.
  *     `layout` is the dict softswitch/native.py builds from the project's constants (every offset, width
@@ -21,11 +21,11 @@
  *     While records is a list, burst appends (inbound, port, frame) for every frame it receives (before
  *     the pipeline rewrites it) and (outbound, port, frame) for every frame it queues on a port.
  *
- * Files: _dataplane_pipeline.c (the v1model program), _dataplane_slots.c (its @atomic block),
- * _dataplane_tables.c (table lookups), _dataplane_io.c (ports, bursts, sends through
+ * Files: dataplane_pipeline.c (the v1model program), dataplane_slots.c (its @atomic block),
+ * dataplane_tables.c (table lookups), dataplane_io.c (ports, bursts, sends through
  * lhc_ina/udp_batch.c), this one (the type).
  */
-#include "_dataplane.h"
+#include "dataplane.h"
 
 #include <structmember.h>
 #include <string.h>
@@ -72,12 +72,12 @@ static int get_array(PyObject *pipeline, const char *name, Py_buffer *view, Py_s
     return 0;
 }
 
-static int engine_init(Engine *e, PyObject *args, PyObject *kwargs)
+static int dataplane_init(Dataplane *e, PyObject *args, PyObject *kwargs)
 {
     PyObject *pipeline, *layout, *actions;
     static char *keywords[] = {"pipeline", "layout", "actions", NULL};
     if (e->pipeline != NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "an Engine is initialized once");
+        PyErr_SetString(PyExc_RuntimeError, "a Dataplane is initialized once");
         return -1;
     }
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!O!", keywords, &pipeline, &PyDict_Type, &layout,
@@ -126,7 +126,7 @@ static int engine_init(Engine *e, PyObject *args, PyObject *kwargs)
     return io_setup(e);
 }
 
-static void engine_dealloc(Engine *e)
+static void dataplane_dealloc(Dataplane *e)
 {
     Py_buffer *views[] = {&e->epoch, &e->round, &e->bitmap, &e->remaining, &e->values, &e->stat_packets,
                           &e->stat_bytes};
@@ -143,16 +143,16 @@ static void engine_dealloc(Engine *e)
     Py_TYPE(e)->tp_free((PyObject *)e);
 }
 
-static int ready(Engine *e)
+static int ready(Dataplane *e)
 {
     if (e->rx == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the Engine is not initialized");
+        PyErr_SetString(PyExc_RuntimeError, "the Dataplane is not initialized");
         return -1;
     }
     return 0;
 }
 
-static PyObject *engine_inject(Engine *e, PyObject *args)
+static PyObject *dataplane_inject(Dataplane *e, PyObject *args)
 {
     Py_buffer frame;
     long ingress_port;
@@ -174,7 +174,7 @@ static PyObject *engine_inject(Engine *e, PyObject *args)
     return out;
 }
 
-static PyObject *attach(Engine *e, PyObject *args, int kind)
+static PyObject *attach(Dataplane *e, PyObject *args, int kind)
 {
     int number, fd;
     Py_buffer template = {0};
@@ -196,10 +196,10 @@ static PyObject *attach(Engine *e, PyObject *args, int kind)
     return status < 0 ? NULL : Py_NewRef(Py_None);
 }
 
-static PyObject *engine_attach_udp(Engine *e, PyObject *args) { return attach(e, args, PORT_UDP); }
-static PyObject *engine_attach_raw(Engine *e, PyObject *args) { return attach(e, args, PORT_RAW); }
+static PyObject *dataplane_attach_udp(Dataplane *e, PyObject *args) { return attach(e, args, PORT_UDP); }
+static PyObject *dataplane_attach_raw(Dataplane *e, PyObject *args) { return attach(e, args, PORT_RAW); }
 
-static PyObject *engine_burst(Engine *e, PyObject *arg)
+static PyObject *dataplane_burst(Dataplane *e, PyObject *arg)
 {
     long number = PyLong_AsLong(arg);
     if (ready(e) < 0 || (number == -1 && PyErr_Occurred()))
@@ -240,7 +240,7 @@ static PyObject *engine_burst(Engine *e, PyObject *arg)
     return PyLong_FromSsize_t(processed);
 }
 
-static PyObject *engine_flush(Engine *e, PyObject *Py_UNUSED(ignored))
+static PyObject *dataplane_flush(Dataplane *e, PyObject *Py_UNUSED(ignored))
 {
     if (ready(e) < 0 || flush_all(e) < 0)
         return NULL;
@@ -248,8 +248,8 @@ static PyObject *engine_flush(Engine *e, PyObject *Py_UNUSED(ignored))
 }
 
 /* Called by NativePipeline.set_capture; the Python pipeline's twin is DataPlane._captured
- * (softswitch/dataplane.py), which records the same (direction, port, frame) tuples. */
-static PyObject *engine_set_capture(Engine *e, PyObject *args)
+ * (softswitch/receive_loop.py), which records the same (direction, port, frame) tuples. */
+static PyObject *dataplane_set_capture(Dataplane *e, PyObject *args)
 {
     PyObject *records;
     long inbound = 0, outbound = 0;
@@ -264,7 +264,7 @@ static PyObject *engine_set_capture(Engine *e, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *engine_port_counters(Engine *e, PyObject *Py_UNUSED(ignored))
+static PyObject *dataplane_port_counters(Dataplane *e, PyObject *Py_UNUSED(ignored))
 {
     PyObject *out = PyDict_New();
     for (Py_ssize_t i = 0; out != NULL && i < e->n_ports; i++) {
@@ -280,38 +280,38 @@ static PyObject *engine_port_counters(Engine *e, PyObject *Py_UNUSED(ignored))
     return out;
 }
 
-static PyMethodDef engine_methods[] = {
-    {"inject", (PyCFunction)engine_inject, METH_VARARGS,
+static PyMethodDef dataplane_methods[] = {
+    {"inject", (PyCFunction)dataplane_inject, METH_VARARGS,
      "inject(frame, ingress_port) -> [(port, bytes)]: one frame through the pipeline"},
-    {"attach_udp", (PyCFunction)engine_attach_udp, METH_VARARGS,
+    {"attach_udp", (PyCFunction)dataplane_attach_udp, METH_VARARGS,
      "attach_udp(number, fd, template): a UDP port and its synthesized headers"},
-    {"attach_raw", (PyCFunction)engine_attach_raw, METH_VARARGS, "attach_raw(number, fd): an AF_PACKET port"},
-    {"burst", (PyCFunction)engine_burst, METH_O,
+    {"attach_raw", (PyCFunction)dataplane_attach_raw, METH_VARARGS, "attach_raw(number, fd): an AF_PACKET port"},
+    {"burst", (PyCFunction)dataplane_burst, METH_O,
      "burst(number) -> frames processed: one recvmmsg on the port through the pipeline (hold the lock)"},
-    {"flush", (PyCFunction)engine_flush, METH_NOARGS, "flush(): every port's queue out, one sendmmsg each"},
-    {"set_capture", (PyCFunction)engine_set_capture, METH_VARARGS,
+    {"flush", (PyCFunction)dataplane_flush, METH_NOARGS, "flush(): every port's queue out, one sendmmsg each"},
+    {"set_capture", (PyCFunction)dataplane_set_capture, METH_VARARGS,
      "set_capture(records, inbound, outbound): burst appends (direction, port, frame) per frame in and out"},
-    {"port_counters", (PyCFunction)engine_port_counters, METH_NOARGS,
+    {"port_counters", (PyCFunction)dataplane_port_counters, METH_NOARGS,
      "port_counters() -> {port: {frames_in, dropped_non_udp, send_errors}}"},
     {NULL, NULL, 0, NULL},
 };
 
-static PyMemberDef engine_members[] = {
-    {"errors", T_ULONGLONG, offsetof(Engine, errors), READONLY, "frames that raised (a broken table entry)"},
-    {"last_error", T_OBJECT, offsetof(Engine, last_error), READONLY, "the last such frame's exception"},
+static PyMemberDef dataplane_members[] = {
+    {"errors", T_ULONGLONG, offsetof(Dataplane, errors), READONLY, "frames that raised (a broken table entry)"},
+    {"last_error", T_OBJECT, offsetof(Dataplane, last_error), READONLY, "the last such frame's exception"},
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyTypeObject EngineType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "softswitch._dataplane.Engine",
-    .tp_basicsize = sizeof(Engine),
+static PyTypeObject DataplaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "softswitch._dataplane.Dataplane",
+    .tp_basicsize = sizeof(Dataplane),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The lhc v1model pipeline in C over a softswitch Pipeline's state (see the module doc).",
     .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)engine_init,
-    .tp_dealloc = (destructor)engine_dealloc,
-    .tp_methods = engine_methods,
-    .tp_members = engine_members,
+    .tp_init = (initproc)dataplane_init,
+    .tp_dealloc = (destructor)dataplane_dealloc,
+    .tp_methods = dataplane_methods,
+    .tp_members = dataplane_members,
 };
 
 static struct PyModuleDef module = {
@@ -321,10 +321,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__dataplane(void)
 {
-    if (PyType_Ready(&EngineType) < 0)
+    if (PyType_Ready(&DataplaneType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddObjectRef(m, "Engine", (PyObject *)&EngineType) < 0)
+    if (m != NULL && PyModule_AddObjectRef(m, "Dataplane", (PyObject *)&DataplaneType) < 0)
         Py_CLEAR(m);
     return m;
 }

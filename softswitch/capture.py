@@ -15,7 +15,7 @@ to a port with nothing attached, are not. Timestamps are per burst (microseconds
 burst share the time the burst began, in the order the pipeline handled them.
 
 Both pipelines feed ``record``: the Python data plane per frame, the native one through a list its C
-burst appends ``(direction, port, frame)`` to only while a capture is configured (``Engine.set_capture``),
+burst appends ``(direction, port, frame)`` to only while a capture is configured (``Dataplane.set_capture``),
 so a switch without ``--pcap`` pays one pointer test per frame.
 """
 

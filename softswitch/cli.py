@@ -31,11 +31,11 @@ import threading
 from lhc_ina import tls
 from lhc_ina.p4info import P4InfoIndex
 from softswitch.capture import PcapngWriter
-from softswitch.dataplane import NATIVE_BURST, DataPlane
 from softswitch.native import PIPELINES, NativePipeline, choose_pipeline, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.ports import Port, PortSpecError, open_port, parse_port_specs
 from softswitch.program import PipelineMismatch
+from softswitch.receive_loop import NATIVE_BURST, DataPlane
 from softswitch.server import P4RuntimeService, start_server
 
 log = logging.getLogger("softswitch")

@@ -1,4 +1,4 @@
-"""The native pipeline: ``softswitch/_dataplane*.c`` bound to one ``Pipeline``'s state.
+"""The native pipeline: ``softswitch/_dataplane.c + dataplane_*.c`` bound to one ``Pipeline``'s state.
 
 The C engine runs the per-packet semantics of ``softswitch.pipeline`` (the reference model) over whole
 bursts: one recvmmsg per port, every frame through the pipeline, one sendmmsg per port. It owns no state:
@@ -62,7 +62,7 @@ def _action_layout(action: str, names: dict[str, str], length: str | None = None
 
 
 def layout(pipeline: Pipeline, burst: int) -> dict[str, int]:
-    """Every number the C engine uses, by the name ``_dataplane.h`` gives it."""
+    """Every number the C engine uses, by the name ``dataplane.h`` gives it."""
     offsets, shifts, widths = wire.HEADER_OFFSETS, wire.HEADER_SHIFTS, dict(c.HEADER_FIELDS)
     fields = ("worker_id", "job_id", "slot", "epoch", "seq", "bitmap")
     lhc = {f"lhc_{name}": wire.FRAME_LHC + offsets[name] for name in fields}
@@ -125,7 +125,7 @@ class NativePipeline:
         actions = {"set_job": program.SET_JOB, "admit_worker": program.ADMIT_WORKER, "route": program.ROUTE,
                    "set_port": program.SET_PORT, "set_replica_dst": program.SET_REPLICA_DST,
                    "set_uplink": program.SET_UPLINK}
-        self.engine = _native.Engine(pipeline, layout(pipeline, burst), actions)
+        self.engine = _native.Dataplane(pipeline, layout(pipeline, burst), actions)
         self.burst = self.engine.burst
         self.flush = self.engine.flush
 

@@ -1,6 +1,6 @@
 """Switch ports: how frames get into the pipeline's receive buffer and out to the world.
 
-Two kinds, both non-blocking sockets polled by ``dataplane``:
+Two kinds, both non-blocking sockets polled by ``receive_loop``:
 
 - ``RawPort`` (``--port N@IFACE``): an AF_PACKET socket on a real interface (a veth for Mininet and PTF;
   needs root). Every frame the interface receives enters the pipeline; frames the host itself sends on

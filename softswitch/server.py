@@ -38,7 +38,7 @@ from p4.v1 import p4runtime_pb2_grpc
 
 from lhc_ina.tls import TlsConfig, add_port
 from softswitch.arbitration import Arbitration, Connection
-from softswitch.entities import Entities
+from softswitch.entity_store import Entities
 from softswitch.errors import SwitchError
 from softswitch.p4info_compare import p4info_differences
 from softswitch.pipeline import Pipeline

@@ -104,7 +104,7 @@ class ExactTable(Table):
 
 class LpmTable(Table):
     """A table with one LPM field. Keys are ``(value, prefix_len)``; the value's host bits are zero
-    (P4Runtime requires it and ``entities`` checks it)."""
+    (P4Runtime requires it and ``entity_store`` checks it)."""
 
     def __init__(
         self, name: str, size: int, width: int, initial_default: ActionCall, const_default: bool

@@ -15,7 +15,7 @@ from test_agent_local import run_group
 
 from host_agent.agent import Agent
 from host_agent.codec import aggregate_local
-from host_agent.local import LocalGroup
+from host_agent.local_backend import LocalGroup
 
 
 def sparse(seed: int, n: int = 30_000) -> torch.Tensor:

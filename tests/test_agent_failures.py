@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from host_agent.agent import Agent
 from host_agent.errors import AggregationError
-from host_agent.local import LocalGroup
+from host_agent.local_backend import LocalGroup
 from host_agent.seal import check_seal, round_tag, seal_words
 from host_agent.transport.switch import SwitchBackend
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.faults import failing_session, outcomes
 
 MODES = ("dense", "sketch", "union")

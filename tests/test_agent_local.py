@@ -3,44 +3,22 @@ agreement, and the local backend's own checks."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from host_agent.agent import Agent
+from host_agent.agent_backend import LinkEstimate
 from host_agent.auto import agreed_link, choose_mode, link_words
-from host_agent.backend import LinkEstimate
 from host_agent.codec import BucketShape, CodecState
 from host_agent.errors import AggregationError
-from host_agent.local import LocalGroup
 from host_agent.torch_hook import LhcHookState, _sparsify
-
-
-def run_group(world: int, work) -> list[object]:
-    agents = [Agent(backend) for backend in LocalGroup(world).members()]
-    results: list[object] = [None] * world
-
-    def member(agent: Agent) -> None:
-        try:
-            results[agent.rank] = work(agent)
-        except Exception as exc:  # inspected by the test
-            results[agent.rank] = exc
-
-    threads = [threading.Thread(target=member, args=(agent,)) for agent in agents]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    for agent in agents:
-        agent.close()
-    return results
+from tests.harness.agents import run_local
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_buckets_are_the_sum_at_the_agreed_scale(dtype: torch.dtype) -> None:
     inputs = [torch.randn(3000, generator=torch.Generator().manual_seed(r)).to(dtype) for r in range(3)]
-    results = run_group(3, lambda agent: agent.allreduce(inputs[agent.rank], mode="sketch"))
+    results = run_local(3, lambda agent: agent.allreduce(inputs[agent.rank], mode="sketch"))
     exact = torch.stack([x.float() for x in inputs]).sum(0)
     for result in results:
         assert result.total.dtype == dtype
@@ -85,10 +63,10 @@ def test_auto_picks_the_same_mode_on_every_worker() -> None:
     def work(agent: Agent) -> list[str]:
         return [agent.allreduce(inputs[agent.rank], key="b").stats["mode"] for _ in range(3)]
 
-    modes = run_group(3, work)
+    modes = run_local(3, work)
     assert modes[0] == modes[1] == modes[2]
 
 
 def test_local_backend_fails_every_member_on_a_length_mismatch() -> None:
-    results = run_group(2, lambda agent: agent.allreduce(torch.ones(100 + agent.rank), mode="dense"))
+    results = run_local(2, lambda agent: agent.allreduce(torch.ones(100 + agent.rank), mode="dense"))
     assert all(isinstance(r, AggregationError) for r in results), results

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from host_agent.agent import Agent
 from host_agent.codec.native import kernels_in_use
 from host_agent.errors import AggregationError
 from host_agent.transport.channel import Impairment
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.agents import assert_exact, job_name, run_agents, sparse_inputs
 
 

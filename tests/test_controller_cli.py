@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from lhc_ina.jobs import ip_to_int, mac_to_int
 from lhc_ina.jobservice import jobservice_pb2 as pb
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.controller import store_state, switch_state
 
 REPO = Path(__file__).resolve().parent.parent

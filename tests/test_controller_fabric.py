@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from controller.admission import check_hosts, resolve_member
-from controller.processes import ControllerProcess, FabricProcesses
 from controller.reconcile import desired_state
 from controller.server import stored_topology
 from controller.store import DB_NAME, JobStore
@@ -30,7 +29,8 @@ from controller.topology import load_topology, parse_topology
 from host_agent.agent import Agent
 from lhc_ina import jobs as lj
 from lhc_ina.jobs import ip_to_int
-from tests.harness.agents import job_name
+from lhc_launch.processes import ControllerProcess, FabricProcesses
+from tests.harness.agents import job_name, join_agents
 from tests.harness.controller import refused, switch_state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,28 +145,6 @@ def fabric(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Fabric]:
         yield _Fabric(processes, controller, state)
 
 
-def _join_all(controller: ControllerProcess, job: str, ips: list[str]) -> list[Agent]:
-    """One agent per address in ``ips`` joins ``job`` (at once: each waits for the job's install); by rank."""
-    agents: list[Agent] = []
-    lock = threading.Lock()
-
-    def join(ip: str) -> None:
-        agent = Agent.join(controller.listen, job, ip=ip, timeout_s=2.0)
-        with lock:
-            agents.append(agent)
-
-    threads = [threading.Thread(target=join, args=(ip,)) for ip in ips]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    if len(agents) != len(ips):
-        for agent in agents:
-            agent.close()
-        raise AssertionError(f"{len(ips) - len(agents)} worker(s) could not join")
-    return sorted(agents, key=lambda agent: agent.rank)
-
-
 def _dense_calls(agents: list[Agent], calls: int = 2) -> list[object]:
     """Each agent makes ``calls`` dense calls of int32 inputs; by rank: True (all exact) or the exception."""
     results: dict[int, object] = {}
@@ -209,7 +187,7 @@ def test_a_job_across_two_leaves_is_exact_with_one_range_and_epoch_on_every_swit
     ips = fabric.fabric.host_ips
     job = job_name()
     info = fabric.controller.client.create_job(job, workers=4, slots=16)
-    agents = _join_all(fabric.controller, job, [ips[0], ips[1], ips[1], ips[0]])
+    agents = join_agents(fabric.controller.listen, job, [ips[0], ips[1], ips[1], ips[0]], 2.0)
     try:
         assert _dense_calls(agents) == [True] * 4
         shown = fabric.controller.client.status(job)
@@ -238,7 +216,7 @@ def test_a_job_across_two_leaves_is_exact_with_one_range_and_epoch_on_every_swit
 def test_a_job_under_one_leaf_lives_on_that_leaf_only(fabric: _Fabric) -> None:
     job = job_name()
     info = fabric.controller.client.create_job(job, workers=2, slots=8)
-    agents = _join_all(fabric.controller, job, [fabric.fabric.host_ips[1]] * 2)
+    agents = join_agents(fabric.controller.listen, job, [fabric.fabric.host_ips[1]] * 2, 2.0)
     try:
         assert list(fabric.controller.client.status(job).switches) == ["leaf1"]
         holding = [n for n, p in fabric.fabric.switches.items() if info.job_id in switch_state(p).job_ids()]
@@ -260,7 +238,7 @@ def test_workers_the_topology_does_not_place_are_refused(fabric: _Fabric) -> Non
 def test_a_leaf_back_empty_gets_its_jobs_a_fresh_epoch_on_every_switch(fabric: _Fabric) -> None:
     job = job_name()
     fabric.controller.client.create_job(job, workers=2, slots=8)
-    agents = _join_all(fabric.controller, job, fabric.fabric.host_ips)
+    agents = join_agents(fabric.controller.listen, job, fabric.fabric.host_ips, 2.0)
     try:
         assert _dense_calls(agents, calls=1) == [True, True]
         before = fabric.controller.client.status(job).epoch

@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from controller.integrity import store_problems
-from controller.processes import ControllerProcess
 from controller.store import DB_NAME, JobStore
 from lhc_ina.jobservice.errors import ControllerError
+from lhc_launch.processes import ControllerProcess
 from tests.harness.controller import Worker, store_state, switch_state
 
 

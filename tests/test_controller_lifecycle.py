@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from controller.processes import ControllerProcess
 from lhc_ina import jobs as lj
 from lhc_ina.jobservice import jobservice_pb2 as pb
+from lhc_launch.processes import ControllerProcess
 from tests.harness.controller import Worker, aggregate_once, store_state, switch_state
 
 RNG = np.random.default_rng(5)

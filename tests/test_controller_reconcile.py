@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from p4.v1 import p4runtime_pb2 as p4v1
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from controller.targets import load_target
 from lhc_ina import constants as c
 from lhc_ina.p4rt import P4RuntimeClient
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.controller import Worker, aggregate_once, store_state, switch_state
 
 RNG = np.random.default_rng(7)

@@ -11,9 +11,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from lhc_ina.jobservice import jobservice_pb2 as pb
 from lhc_ina.jobservice.client import JobClient
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.controller import refused, store_state, switch_state
 
 

@@ -10,11 +10,11 @@ import grpc
 import pytest
 from p4.v1 import p4runtime_pb2 as p4v1
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from controller.targets import TNA_FIELD_NAMES, load_target
 from lhc_ina.jobservice.errors import ControllerError
 from lhc_ina.p4rt import P4RuntimeClient
 from lhc_ina.tofino import TofinoBundleError, TofinoDeviceConfig, main
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 
 
 def test_tofino_device_config_layout(tmp_path):

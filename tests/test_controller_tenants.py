@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from controller.auth import Caller, check_join_address
-from controller.processes import ControllerProcess, SoftswitchProcess
 from controller.records import MemberRecord
 from controller.store import DB_NAME, JobStore
 from controller.topology import parse_topology
@@ -27,6 +26,7 @@ from lhc_ina.jobservice import jobservice_pb2 as pb
 from lhc_ina.jobservice import jobservice_pb2_grpc as pb_grpc
 from lhc_ina.jobservice.client import WATCH_EXPIRED, JobClient
 from lhc_ina.jobservice.errors import ControllerError
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.controller import refused
 
 REPO = Path(__file__).resolve().parent.parent

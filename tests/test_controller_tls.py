@@ -16,11 +16,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from lhc_ina.jobservice.client import JobClient
 from lhc_ina.jobservice.errors import ControllerError
 from lhc_ina.p4rt import P4RuntimeClient, P4RuntimeError
 from lhc_ina.tls import TlsConfig, is_loopback
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.certs import CertificateAuthority, Leaf
 
 REPO = Path(__file__).resolve().parent.parent

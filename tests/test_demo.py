@@ -1,5 +1,6 @@
 """lhc_demo.codec_check: on a small bucket it must finish and find every aggregate exact. The training
-demo's held-out AUC: computed right, and a short run learns, lhc's AUC equal to dense's."""
+demo's held-out AUC: computed right; a short run (one run, shared by its tests) learns, lhc's AUC equal
+to dense's, and trains exactly through the switch with fewer bytes."""
 
 from __future__ import annotations
 
@@ -85,16 +86,24 @@ def test_the_held_out_set_is_no_training_batch() -> None:
         data.batch(SyntheticClicks.HELD_OUT_RANK, 0)
 
 
-def test_a_short_demo_learns_and_lhc_evaluates_as_dense(tmp_path: Path) -> None:
-    """After 6 steps of 2 workers the held-out AUC is well above chance in every run (about 0.70
-    measured), and lhc's equals dense-through-the-switch's on every step: the same parameters."""
+@pytest.fixture(scope="module")
+def short_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    """One shortened ``make demo`` (2 workers, 6 steps) for every test of it: its summary and its output
+    folder."""
+    out = tmp_path_factory.mktemp("demo")
     done = subprocess.run(
         [sys.executable, "-m", "lhc_demo.train", "--workers", "2", "--steps", "6", "--json",
-         "--out", str(tmp_path)],
+         "--out", str(out)],
         capture_output=True, text=True, timeout=600, cwd=REPO,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1]), out
+
+
+def test_a_short_demo_learns_and_lhc_evaluates_as_dense(short_demo: tuple[dict, Path]) -> None:
+    """After 6 steps of 2 workers the held-out AUC is well above chance in every run (about 0.70
+    measured), and lhc's equals dense-through-the-switch's on every step: the same parameters."""
+    summary, out = short_demo
     assert summary["losses_match"] is True and summary["aucs_match"] is True
     assert abs(summary["initial_auc"] - 0.5) < 0.05, "the untrained model ranks at about chance"
     for run in ("ddp", "dense", "lhc"):
@@ -102,6 +111,16 @@ def test_a_short_demo_learns_and_lhc_evaluates_as_dense(tmp_path: Path) -> None:
         assert summary["last_auc"][run] > summary["first_auc"][run], summary
     assert summary["last_auc"]["lhc"] == summary["last_auc"]["dense"]
     assert abs(summary["last_auc"]["lhc"] - summary["last_auc"]["ddp"]) < 1e-3
-    runs = json.loads((tmp_path / "runs.json").read_text())
+    runs = json.loads((out / "runs.json").read_text())
     assert [r["auc"] for r in runs["lhc"]] == [r["auc"] for r in runs["dense"]]
     assert all(len(r["auc"]) == 6 for ranks in runs.values() for r in ranks)
+
+
+def test_a_short_demo_trains_exactly_through_the_switch(short_demo: tuple[dict, Path]) -> None:
+    """lhc's losses equal dense-through-the-switch's bit for bit, with at least 5x fewer bytes, and the
+    plot is written."""
+    summary, out = short_demo
+    assert summary["losses_match"] is True
+    assert summary["bytes_ratio"] >= 5, summary
+    assert summary["steps"] == 6 and summary["workers"] == 2
+    assert (out / "demo.png").stat().st_size > 0

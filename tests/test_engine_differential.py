@@ -1,4 +1,4 @@
-"""The native packet engine (``_engine.c``) against the Python reference (``engine.py``), bit for bit.
+"""The native packet engine (``_engine.c``) against the Python reference (``engine_core.py``), bit for bit.
 
 Both run the same seeded scenario in simulated time: a fake switch answers the packets they send after a
 random delay, loses some on the way up or down (one at a time, and whole runs of up to a GSO send's
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from host_agent.transport.channel import Channel
-from host_agent.transport.engine import PacketEngine
-from host_agent.transport.engines import NativeEngine, native_engine_available
+from host_agent.transport.engine_core import PacketEngine
+from host_agent.transport.engine_io import NativeEngine, native_engine_available
 from host_agent.transport.packets import StreamIdentity, build_packets
 from lhc_ina import constants as c
 from lhc_ina.wire import LhcHeader

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from host_agent.transport.channel import Channel
-from host_agent.transport.engines import make_engine, native_engine_available
+from host_agent.transport.engine_io import make_engine, native_engine_available
 from host_agent.transport.packets import StreamIdentity, build_packets
 from lhc_ina import constants as c
 

@@ -40,14 +40,18 @@ def _imported_packages(package: str) -> set[str]:
             elif isinstance(node, ast.Import):
                 found.update(alias.name.split(".")[0] for alias in node.names)
     first_party = {"lhc_ina", "host_agent", "controller", "softswitch", "benchmarks", "lhc_demo", "ptf_tests",
-                   "tests", "mininet"}
+                   "tests", "mininet", "lhc_launch"}
     return found & first_party
 
 
 def test_layers_import_only_downwards() -> None:
-    """A worker installs without the controller (the job protocol is in lhc_ina), and packaged code never
-    imports the test harnesses."""
+    """A worker installs without the controller (the job protocol is in lhc_ina), the controller without
+    softswitch (the launchers above both start them), and packaged code never imports the test
+    harnesses."""
     assert _imported_packages("lhc_ina") <= {"lhc_ina"}
     assert _imported_packages("host_agent") <= {"lhc_ina", "host_agent"}
     assert _imported_packages("softswitch") <= {"lhc_ina", "softswitch"}
-    assert _imported_packages("controller") <= {"lhc_ina", "controller", "softswitch"}
+    assert _imported_packages("controller") <= {"lhc_ina", "controller"}
+    assert _imported_packages("lhc_launch") <= {"lhc_ina", "softswitch", "controller", "lhc_launch"}
+    for application in ("benchmarks", "lhc_demo"):
+        assert not _imported_packages(application) & {"tests", "ptf_tests", "mininet"}, application

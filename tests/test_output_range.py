@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from host_agent.agent import Agent
 from host_agent.codec import AggregationError, WorkerSession, reduce_words
-from host_agent.local import LocalGroup
+from host_agent.local_backend import LocalGroup
 from tests.test_agent_local import run_group
 
 W = 4

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from controller.processes import SoftswitchProcess
 from lhc_ina.p4info import P4InfoIndex
 from lhc_ina.p4rt import P4RuntimeClient, P4RuntimeError
+from lhc_launch.processes import SoftswitchProcess
 
 INDEX = P4InfoIndex.from_file()
 

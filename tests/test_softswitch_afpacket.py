@@ -21,11 +21,11 @@ from p4.v1 import p4runtime_pb2_grpc
 from lhc_ina import constants as c
 from lhc_ina import wire
 from lhc_ina.p4info import P4InfoIndex
+from lhc_launch.switch_job import data_frame, job_updates, make_job
 from ptf_tests import veth as veth_pairs
 from softswitch.capture import INBOUND, OUTBOUND
 from softswitch.cli import READY
 from softswitch.native import native_available
-from softswitch.testing import data_frame, job_updates, make_job
 from tests.harness.pcapng import read_frames
 
 pytestmark = pytest.mark.root

@@ -20,10 +20,10 @@ from lhc_ina import wire
 from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_layouts
 from lhc_ina.jobs import WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
-from softswitch.entities import Entities
+from lhc_launch.switch_job import job_updates
+from softswitch.entity_store import Entities
 from softswitch.native import NativePipeline, native_available
 from softswitch.pipeline import Pipeline
-from softswitch.testing import job_updates
 
 INDEX = P4InfoIndex.from_file()
 UPLINK_PORT = 20

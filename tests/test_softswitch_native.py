@@ -1,4 +1,4 @@
-"""The native pipeline (softswitch/_dataplane*.c) against the Python one, the reference model.
+"""The native pipeline (softswitch/_dataplane.c + dataplane_*.c) against the Python one, the reference model.
 
 Two Pipelines get the same table writes; seeded random frames (valid rounds of several jobs, stale
 rounds, duplicates, repeats of finished rounds, wrong epochs, slots out of range, unknown jobs, bad
@@ -29,21 +29,21 @@ from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.jobs import ip_to_int as ip_int
 from lhc_ina.jobs import mac_to_int as mac_int
 from lhc_ina.p4info import P4InfoIndex
-from softswitch.entities import Entities
-from softswitch.native import NativePipeline, layout, native_available
-from softswitch.pipeline import Pipeline
-from softswitch.ports import PortSpec, UdpPort
-from softswitch.testing import (
+from lhc_launch.switch_job import (
     SWITCH_IP,
     SWITCH_MAC,
     data_frame,
     data_packet,
     job_updates,
     make_job,
-    position,
     table_entry,
     update,
 )
+from softswitch.entity_store import Entities
+from softswitch.native import NativePipeline, layout, native_available
+from softswitch.pipeline import Pipeline
+from softswitch.ports import PortSpec, UdpPort
+from tests.harness.switch_jobs import broken_job_updates, loopback_job, loopback_sockets, position
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native pipeline is not built")
 
@@ -135,7 +135,7 @@ def configure(twins: Twins) -> list[JobLayout]:
         twins.write(job_updates(INDEX, job))
         layouts.append(job)
     for job, broken in jobs():
-        twins.write(job_updates(INDEX, job, broken=broken))
+        twins.write(broken_job_updates(INDEX, job, broken) if broken else job_updates(INDEX, job))
         layouts.append(job)
     match = {"hdr.lhc.job_id": 13, "standard_metadata.egress_rid": 1}
     replica = table_entry(INDEX, "LhcEgress.replicas", match, "LhcEgress.set_replica_dst",
@@ -346,22 +346,13 @@ def test_udp_bursts_match_the_python_port_and_pipeline():
     the same order per rank, and the same counters and registers."""
     twins = Twins()
     twins.configure()
-    ranks = [[socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)] for _ in range(2)]
-    for sock in (s for side in ranks for s in side):
-        sock.bind(("127.0.0.1", 0))
-        sock.settimeout(3)
+    ranks = [loopback_sockets(3) for _ in range(2)]
     ports = [UdpPort(PortSpec(1, host="127.0.0.1", udp_port=0), pipeline.rx)
              for pipeline in (twins.python, twins.state)]
     twins.native.attach(ports[1])
     jobs_ = []
     for side, pipeline in zip(ranks, (twins.python, twins.state), strict=True):
-        members = [WorkerEndpoint(r, "127.0.0.1", s.getsockname()[1], "02:00:00:00:00:01", 1)
-                   for r, s in enumerate(side)]
-        job = make_job(21, 3, members, slot_count=4, epoch=3)
-        entities = Entities(pipeline, INDEX.p4info)
-        for up in job_updates(INDEX, job):
-            entities.write(up)
-        jobs_.append(job)
+        jobs_.append(loopback_job(INDEX, pipeline, side, 21, 3, slot_count=4, epoch=3))
     junk_sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rng = np.random.default_rng(7)
     datagrams = []  # (rank, bytes): a rank's packets leave from its own socket (the switch checks the port)
@@ -400,7 +391,7 @@ def test_udp_bursts_match_the_python_port_and_pipeline():
 def test_the_layout_gives_the_c_code_exactly_the_numbers_it_names():
     """Every number the C files use comes from native.layout() (the project's constants), and layout()
     passes nothing the C files do not name."""
-    header = (Path(__file__).resolve().parent.parent / "softswitch" / "_dataplane.h").read_text()
+    header = (Path(__file__).resolve().parent.parent / "softswitch" / "dataplane.h").read_text()
     block = header[header.index("#define LAYOUT_FIELDS(X)") : header.index("typedef struct {")]
     named = set(re.findall(r"X\((\w+)\)", block))
     assert set(layout(Pipeline(INDEX), 64)) == named

@@ -15,14 +15,14 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2 as p4v1
 from p4.v1 import p4runtime_pb2_grpc
 
-from controller.processes import SoftswitchProcess
 from lhc_ina import constants as c
 from lhc_ina.p4info import P4InfoIndex
 from lhc_ina.p4rt import P4RuntimeClient
+from lhc_launch.processes import SoftswitchProcess
+from lhc_launch.switch_job import data_frame, job_updates, make_job, table_entry, update
 from softswitch.p4info_compare import p4info_differences
 from softswitch.pipeline import Pipeline
 from softswitch.server import P4RuntimeService, start_server
-from softswitch.testing import data_frame, job_updates, make_job, table_entry, update
 
 INDEX = P4InfoIndex.from_file()
 DEVICE = 1

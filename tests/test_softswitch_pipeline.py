@@ -18,19 +18,19 @@ from lhc_ina.jobs import JobLayout
 from lhc_ina.jobs import ip_to_int as ip_int
 from lhc_ina.jobs import mac_to_int as mac_int
 from lhc_ina.p4info import P4InfoIndex
-from softswitch.entities import Entities
-from softswitch.pipeline import Pipeline
-from softswitch.program import PipelineMismatch
-from softswitch.testing import (
+from lhc_launch.switch_job import (
     SWITCH_IP,
     SWITCH_MAC,
     data_frame,
     job_updates,
     make_job,
-    position,
     table_entry,
     update,
 )
+from softswitch.entity_store import Entities
+from softswitch.pipeline import Pipeline
+from softswitch.program import PipelineMismatch
+from tests.harness.switch_jobs import broken_job_updates, position
 
 INDEX = P4InfoIndex.from_file()
 INSERT = 1
@@ -309,7 +309,7 @@ def test_slot_out_of_range_is_dropped_in_the_jobs_row(switch):
     assert pipeline.inject(_lhc(job, slot=4), 1) == []
     # A broken entry on purpose: base + slot runs past the registers, which the data plane guards too.
     edge = make_job(2, 2, 2, slot_base=c.MAX_SLOTS - 2, slot_count=2)
-    for up in job_updates(INDEX, edge, broken={"slot_count": 8}):
+    for up in broken_job_updates(INDEX, edge, {"slot_count": 8}):
         switch[1].write(up)
     assert pipeline.inject(_lhc(edge, slot=1), 1) == []
     assert pipeline.inject(_lhc(edge, slot=2), 1) == []
@@ -346,7 +346,7 @@ def test_missing_replica_drops_only_that_copy_and_missing_group_drops_all(switch
 def test_multicast_group_0_sends_one_copy_to_port_0_as_bmv2(switch):
     pipeline, _ = switch
     job = make_job(1, 1, 2)
-    for up in job_updates(INDEX, job, broken={"mcast_grp": 0}):  # a broken entry on purpose
+    for up in broken_job_updates(INDEX, job, {"mcast_grp": 0}):  # a broken entry on purpose
         switch[1].write(up)
     out = aggregate(pipeline, job, [words(), words()])
     assert [port for port, _ in out] == [0]
@@ -356,7 +356,7 @@ def test_multicast_group_0_sends_one_copy_to_port_0_as_bmv2(switch):
 def test_job_index_past_the_counter_counts_nothing_but_aggregates(switch):
     pipeline, _ = switch
     job = make_job(1, 1, 2)
-    for up in job_updates(INDEX, job, broken={"job_index": c.MAX_JOBS}):  # a broken entry on purpose
+    for up in broken_job_updates(INDEX, job, {"job_index": c.MAX_JOBS}):  # a broken entry on purpose
         switch[1].write(up)
     assert len(aggregate(pipeline, job, [words(), words()])) == 2
     assert pipeline.stats_packets.sum() == 0

@@ -15,9 +15,10 @@ from lhc_ina import constants as c
 from lhc_ina import wire
 from lhc_ina.jobs import JobLayout
 from lhc_ina.p4info import P4InfoIndex
-from softswitch.entities import Entities
+from lhc_launch.switch_job import data_frame, job_updates, make_job
+from softswitch.entity_store import Entities
 from softswitch.pipeline import Pipeline
-from softswitch.testing import data_frame, job_updates, make_job, position
+from tests.harness.switch_jobs import position
 
 INDEX = P4InfoIndex.from_file()
 

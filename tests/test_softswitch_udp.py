@@ -21,10 +21,11 @@ from lhc_ina import constants as c
 from lhc_ina import wire
 from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
+from lhc_launch.switch_job import data_packet, job_updates, make_job
 from softswitch.cli import READY
 from softswitch.native import native_available
 from softswitch.ports import PortSpec, UdpPort, parse_port_specs
-from softswitch.testing import data_packet, job_updates, make_job, position
+from tests.harness.switch_jobs import position
 
 INDEX = P4InfoIndex.from_file()
 RNG = np.random.default_rng(11)

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from host_agent.agent import Agent
 from lhc_ina import constants as c
 from lhc_ina.jobservice import jobservice_pb2 as pb
 from lhc_ina.wire import LhcHeader, pack_packet
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.agents import assert_exact, job_name, run_agents, sparse_inputs
 
 MODES = ("dense", "union", "sketch", "dense", "union", "sketch")

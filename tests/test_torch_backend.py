@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from controller.processes import ControllerProcess, SoftswitchProcess
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 
 FSDP_SCRIPT = Path(__file__).with_name("fsdp_rank.py")
 REDUCE_SCATTER_SCRIPT = Path(__file__).with_name("reduce_scatter_rank.py")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from host_agent.process_group import bit_lane_width, gather_bits, or_scheme, spread_bits
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 
 RANK_SCRIPT = Path(__file__).with_name("ddp_rank.py")
 WORLD = 2

@@ -77,14 +77,14 @@ def test_the_stream_sends_windows_in_order_and_keeps_good_results_among_bad_ones
 def test_without_the_native_engine_the_stream_runs_the_python_one(monkeypatch) -> None:
     """A machine without a C compiler: the default falls back to the reference engine, and asking for
     the native one by name is a clear error."""
-    import host_agent.transport.engines as engines
+    import host_agent.transport.engine_io as engine_io
 
-    monkeypatch.setattr(engines, "_native", None)
+    monkeypatch.setattr(engine_io, "_native", None)
     channel = Channel(("127.0.0.1", 0), ("127.0.0.1", 9))
     who = StreamIdentity(job_id=1, rank=0, epoch=1, slot_count=8)
     try:
-        assert isinstance(engines.make_engine(who, 2, channel, 1.0), engines.ChannelEngine)
+        assert isinstance(engine_io.make_engine(who, 2, channel, 1.0), engine_io.ChannelEngine)
         with pytest.raises(RuntimeError, match=r"native packet engine .* is not built"):
-            engines.make_engine(who, 2, channel, 1.0, native=True)
+            engine_io.make_engine(who, 2, channel, 1.0, native=True)
     finally:
         channel.close()

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from controller.processes import ControllerProcess, SoftswitchProcess
 from lhc_ina import constants as c
 from lhc_ina import wire
 from lhc_ina.wire import LhcHeader, pack_packet
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from softswitch.capture import INBOUND, OUTBOUND
 from softswitch.native import native_available
 from tests.harness.agents import assert_exact, run_agents, sparse_inputs

@@ -1,5 +1,5 @@
 /*
- * The per-packet engine of a worker's stream, in C: the state machine of host_agent/transport/engine.py
+ * The per-packet engine of a worker's stream, in C: the state machine of host_agent/transport/engine_core.py
  * (the reference; read its docstring first) plus the socket work around it.
  *
  * Why: in Python every packet cost a dict lookup, a struct unpack, a numpy slice and a timer scan, and a
@@ -8,14 +8,14 @@
  * stores. The Python stream above still owns messages, futures and epoch changes; it hands segments in
  * and gets whole segments back.
  *
- * Engine(fd, job_id, rank, epoch, slot_count, world_size, timeout_s, loss, duplicate, seed, gso, loss_burst)
+ * PacketEngine(fd, job_id, rank, epoch, slot_count, world_size, timeout_s, loss, duplicate, seed, gso, loss_burst)
  *   .set_switch(host, port)          where results must come from, and where packets go
  *   .add(ident, first, raw, result)  a segment: raw = its packets' bytes, result = writable uint32 buffer
  *   .restart(epoch)                  everything starts over at position 0 (the window and RTT stay)
  *   .step(now, [(bytes, (host, port))], recover=True) -> ([bytes to send], [(ident, started)])  (no I/O)
  *   .pump(wake_fd, max_wait) -> [(ident, started)]   one turn of the I/O loop (see pump() below)
  *   .next_wakeup(), .stats(), .rtt(), .window(), .stalled(), .io_counters(), .next_free, .low
- * configure(constants): the constants shared with the reference (host_agent/transport/engines.py).
+ * configure(constants): the constants shared with the reference (host_agent/transport/engine_io.py).
  *
  * The arithmetic on doubles is written in the reference's order, so that both take the same decisions
  * from the same inputs (tests/test_engine_differential.py compares them bit for bit).
@@ -39,7 +39,7 @@
 #include "engine.h"
 
 
-static int Engine_init(Engine *e, PyObject *args, PyObject *kwargs)
+static int PacketEngine_init(PacketEngine *e, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"fd", "job_id", "rank", "epoch", "slot_count", "world_size", "timeout_s",
                             "loss", "duplicate", "seed", "gso", "loss_burst", NULL};
@@ -90,7 +90,7 @@ static int Engine_init(Engine *e, PyObject *args, PyObject *kwargs)
     return 0;
 }
 
-static void Engine_dealloc(Engine *e)
+static void PacketEngine_dealloc(PacketEngine *e)
 {
     core_free(&e->core);
     free(e->tx_iov);
@@ -110,7 +110,7 @@ static int parse_address(const char *host, int port, struct sockaddr_in *out)
     return 0;
 }
 
-static PyObject *Engine_set_switch(Engine *e, PyObject *args)
+static PyObject *PacketEngine_set_switch(PacketEngine *e, PyObject *args)
 {
     const char *host;
     int port;
@@ -120,7 +120,7 @@ static PyObject *Engine_set_switch(Engine *e, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *Engine_add(Engine *e, PyObject *args)
+static PyObject *PacketEngine_add(PacketEngine *e, PyObject *args)
 {
     long long ident, first;
     PyObject *raw, *result;
@@ -151,7 +151,7 @@ static PyObject *Engine_add(Engine *e, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *Engine_restart(Engine *e, PyObject *args)
+static PyObject *PacketEngine_restart(PacketEngine *e, PyObject *args)
 {
     unsigned epoch;
     if (!PyArg_ParseTuple(args, "I", &epoch))
@@ -175,7 +175,7 @@ static PyObject *take_completed(Core *c, PyObject *into)
     return into;
 }
 
-static PyObject *Engine_step(Engine *e, PyObject *args)
+static PyObject *PacketEngine_step(PacketEngine *e, PyObject *args)
 {
     double now;
     PyObject *datagrams;
@@ -219,7 +219,7 @@ fail:
 
 /* The OSError for the errno that made the engine's socket unusable (it stays unusable: every later pump
  * raises it again). */
-static PyObject *socket_error(Engine *e)
+static PyObject *socket_error(PacketEngine *e)
 {
     PyObject *args = Py_BuildValue("(iss)", e->error, strerror(e->error), "the packet engine's socket");
     if (args != NULL) {
@@ -231,7 +231,7 @@ static PyObject *socket_error(Engine *e)
 
 /* POLLERR: take the socket's pending error; one that concerned a datagram (ICMP unreachable) is a loss the
  * timers recover, any other makes the socket unusable. */
-static void pending_error(Engine *e)
+static void pending_error(PacketEngine *e)
 {
     int error = 0;
     socklen_t size = sizeof(error);
@@ -247,7 +247,7 @@ static void pending_error(Engine *e)
  * sleep until a result, a wake-up on wake_fd or the next timer (at most max_wait s), and take results
  * again. Returns the segments completed.
  */
-static PyObject *Engine_pump(Engine *e, PyObject *args)
+static PyObject *PacketEngine_pump(PacketEngine *e, PyObject *args)
 {
     int wake_fd;
     double max_wait;
@@ -307,7 +307,7 @@ static PyObject *Engine_pump(Engine *e, PyObject *args)
     return completed;
 }
 
-static PyObject *Engine_next_wakeup(Engine *e, PyObject *unused)
+static PyObject *PacketEngine_next_wakeup(PacketEngine *e, PyObject *unused)
 {
     double wakeup = core_next_wakeup(&e->core);
     if (wakeup < 0)
@@ -315,7 +315,7 @@ static PyObject *Engine_next_wakeup(Engine *e, PyObject *unused)
     return PyFloat_FromDouble(wakeup);
 }
 
-static PyObject *Engine_stats(Engine *e, PyObject *unused)
+static PyObject *PacketEngine_stats(PacketEngine *e, PyObject *unused)
 {
     Core *c = &e->core;
     return Py_BuildValue(
@@ -327,14 +327,14 @@ static PyObject *Engine_stats(Engine *e, PyObject *unused)
         "foreign_packets", c->foreign_packets);
 }
 
-static PyObject *Engine_io_counters(Engine *e, PyObject *unused)
+static PyObject *PacketEngine_io_counters(PacketEngine *e, PyObject *unused)
 {
     return Py_BuildValue("{sLsLsLsLsLsL}", "sent", e->io_sent, "received", e->io_received, "dropped_out",
                          e->dropped_out, "dropped_in", e->dropped_in, "duplicated_out", e->duplicated_out,
                          "duplicated_in", e->duplicated_in);
 }
 
-static PyObject *Engine_rtt(Engine *e, PyObject *unused)
+static PyObject *PacketEngine_rtt(PacketEngine *e, PyObject *unused)
 {
     Core *c = &e->core;
     if (!c->have_srtt)
@@ -342,12 +342,12 @@ static PyObject *Engine_rtt(Engine *e, PyObject *unused)
     return Py_BuildValue("(ddd)", c->srtt, c->rttvar, c->rto);
 }
 
-static PyObject *Engine_window(Engine *e, PyObject *unused)
+static PyObject *PacketEngine_window(PacketEngine *e, PyObject *unused)
 {
     return Py_BuildValue("(dLd)", e->core.wsize, e->core.decreases, e->core.min_rtt);
 }
 
-static PyObject *Engine_stalled(Engine *e, PyObject *unused)
+static PyObject *PacketEngine_stalled(PacketEngine *e, PyObject *unused)
 {
     Core *c = &e->core;
     if (!c->stalled)
@@ -355,39 +355,39 @@ static PyObject *Engine_stalled(Engine *e, PyObject *unused)
     return Py_BuildValue("(LLd)", c->stall_position, c->stall_sends, c->stall_age);
 }
 
-static PyObject *Engine_get_next_free(Engine *e, void *unused) { return PyLong_FromLongLong(e->core.next_free); }
-static PyObject *Engine_get_low(Engine *e, void *unused) { return PyLong_FromLongLong(e->core.low); }
+static PyObject *PacketEngine_get_next_free(PacketEngine *e, void *unused) { return PyLong_FromLongLong(e->core.next_free); }
+static PyObject *PacketEngine_get_low(PacketEngine *e, void *unused) { return PyLong_FromLongLong(e->core.low); }
 
-static PyMethodDef Engine_methods[] = {
-    {"set_switch", (PyCFunction)Engine_set_switch, METH_VARARGS, NULL},
-    {"add", (PyCFunction)Engine_add, METH_VARARGS, NULL},
-    {"restart", (PyCFunction)Engine_restart, METH_VARARGS, NULL},
-    {"step", (PyCFunction)Engine_step, METH_VARARGS, NULL},
-    {"pump", (PyCFunction)Engine_pump, METH_VARARGS, NULL},
-    {"next_wakeup", (PyCFunction)Engine_next_wakeup, METH_NOARGS, NULL},
-    {"stats", (PyCFunction)Engine_stats, METH_NOARGS, NULL},
-    {"io_counters", (PyCFunction)Engine_io_counters, METH_NOARGS, NULL},
-    {"rtt", (PyCFunction)Engine_rtt, METH_NOARGS, NULL},
-    {"window", (PyCFunction)Engine_window, METH_NOARGS, NULL},
-    {"stalled", (PyCFunction)Engine_stalled, METH_NOARGS, NULL},
+static PyMethodDef PacketEngine_methods[] = {
+    {"set_switch", (PyCFunction)PacketEngine_set_switch, METH_VARARGS, NULL},
+    {"add", (PyCFunction)PacketEngine_add, METH_VARARGS, NULL},
+    {"restart", (PyCFunction)PacketEngine_restart, METH_VARARGS, NULL},
+    {"step", (PyCFunction)PacketEngine_step, METH_VARARGS, NULL},
+    {"pump", (PyCFunction)PacketEngine_pump, METH_VARARGS, NULL},
+    {"next_wakeup", (PyCFunction)PacketEngine_next_wakeup, METH_NOARGS, NULL},
+    {"stats", (PyCFunction)PacketEngine_stats, METH_NOARGS, NULL},
+    {"io_counters", (PyCFunction)PacketEngine_io_counters, METH_NOARGS, NULL},
+    {"rtt", (PyCFunction)PacketEngine_rtt, METH_NOARGS, NULL},
+    {"window", (PyCFunction)PacketEngine_window, METH_NOARGS, NULL},
+    {"stalled", (PyCFunction)PacketEngine_stalled, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
-static PyGetSetDef Engine_getset[] = {
-    {"next_free", (getter)Engine_get_next_free, NULL, NULL, NULL},
-    {"low", (getter)Engine_get_low, NULL, NULL, NULL},
+static PyGetSetDef PacketEngine_getset[] = {
+    {"next_free", (getter)PacketEngine_get_next_free, NULL, NULL, NULL},
+    {"low", (getter)PacketEngine_get_low, NULL, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject EngineType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "host_agent.transport._engine.Engine",
-    .tp_basicsize = sizeof(Engine),
+static PyTypeObject PacketEngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "host_agent.transport._engine.PacketEngine",
+    .tp_basicsize = sizeof(PacketEngine),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Engine_init,
-    .tp_dealloc = (destructor)Engine_dealloc,
-    .tp_methods = Engine_methods,
-    .tp_getset = Engine_getset,
+    .tp_init = (initproc)PacketEngine_init,
+    .tp_dealloc = (destructor)PacketEngine_dealloc,
+    .tp_methods = PacketEngine_methods,
+    .tp_getset = PacketEngine_getset,
 };
 
 static PyObject *configure(PyObject *module, PyObject *constants)
@@ -404,14 +404,14 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_engine", NULL, 
 
 PyMODINIT_FUNC PyInit__engine(void)
 {
-    if (PyType_Ready(&EngineType) < 0)
+    if (PyType_Ready(&PacketEngineType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
-    Py_INCREF(&EngineType);
-    if (PyModule_AddObject(module, "Engine", (PyObject *)&EngineType) < 0) {
-        Py_DECREF(&EngineType);
+    Py_INCREF(&PacketEngineType);
+    if (PyModule_AddObject(module, "PacketEngine", (PyObject *)&PacketEngineType) < 0) {
+        Py_DECREF(&PacketEngineType);
         Py_DECREF(module);
         return NULL;
     }

@@ -40,15 +40,15 @@ typedef struct {
     struct iovec *tx_iov;
     UdpRuns runs;
     UdpSender sender;
-} Engine;
+} PacketEngine;
 
 
 double monotonic_now(void);
 /* Send what the core queued (c->out), impaired per datagram, as GSO runs where the kernel takes them; an
  * unusable socket sets e->error. */
-void send_out(Engine *e);
+void send_out(PacketEngine *e);
 /* Take what waits in the socket, a recvmmsg batch at a time, sending new packets after each batch; stops
  * with e->error set when the socket is unusable. */
-void drain(Engine *e);
+void drain(PacketEngine *e);
 
 #endif

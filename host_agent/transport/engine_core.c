@@ -1,6 +1,6 @@
 /*
  * The engine's state machine (see engine_core.h). Each function names the method of
- * host_agent/transport/engine.py or window.py it mirrors; keep the two in step.
+ * host_agent/transport/engine_core.py or window.py it mirrors; keep the two in step.
  */
 #include "engine_core.h"
 
@@ -23,7 +23,7 @@ static int constant(PyObject *constants, const char *name, double *value)
     return PyErr_Occurred() ? -1 : 0;
 }
 
-PyObject *core_configure(PyObject *constants)  /* engines.py: SHARED_CONSTANTS */
+PyObject *core_configure(PyObject *constants)  /* engine_io.py: SHARED_CONSTANTS */
 {
     if (!PyDict_Check(constants))
         return PyErr_Format(PyExc_TypeError, "configure() takes a dict");

@@ -1,7 +1,8 @@
 /*
  * The engine's state machine, shared by _engine.c's Python type: positions, segments, the ring of
- * packets in flight, the window and the round-trip estimator. Mirrors host_agent/transport/engine.py and
- * window.py line for line; no I/O here (the pump in _engine.c does it).
+ * packets in flight, the window and the round-trip estimator. Mirrors host_agent/transport/engine_core.py
+ * and window.py line for line; no I/O here: engine_io.c sends (send_out, through lhc_ina/udp_batch.c) and
+ * receives (drain), and _engine.c's pump calls them around the state machine.
  */
 #ifndef LHC_ENGINE_CORE_H
 #define LHC_ENGINE_CORE_H
@@ -17,7 +18,7 @@
 #define RX_BURST 256
 #define RX_SLOT 2048     /* a receive slot: longer than any lhc packet, so a longer datagram is never whole */
 
-/* The constants the reference owns (lhc_ina.constants, window.py, engine.py), by the name
+/* The constants the reference owns (lhc_ina.constants, window.py, engine_core.py), by the name
  * engines.SHARED_CONSTANTS gives each, set by configure(): (C type, field, name). */
 #define ENGINE_CONSTANTS(X)                                                                               \
     X(Py_ssize_t, lanes, "LANES") X(Py_ssize_t, header_bytes, "HEADER_BYTES")                              \
@@ -39,7 +40,7 @@ typedef struct {
 #undef CONSTANT_MEMBER
 } Constants;
 
-/* The engine's constants: one set per process, filled once by configure() before any Engine exists. */
+/* The engine's constants: one set per process, filled once by configure() before any PacketEngine exists. */
 extern Constants engine_constants;
 extern int engine_configured;
 

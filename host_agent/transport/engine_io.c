@@ -8,7 +8,7 @@
 
 #include <time.h>
 
-static double uniform(Engine *e)  /* splitmix64 -> [0, 1): the impairment's draws */
+static double uniform(PacketEngine *e)  /* splitmix64 -> [0, 1): the impairment's draws */
 {
     uint64_t z = (e->rng += 0x9E3779B97F4A7C15ULL);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -24,7 +24,7 @@ double monotonic_now(void)
 }
 
 /* Whether the next datagram one way is lost: channel.py's BurstLoss.lost, on the same draws. */
-static int lost(Engine *e, LossRun *run)
+static int lost(PacketEngine *e, LossRun *run)
 {
     if (run->left == 0) {
         run->left = e->loss_burst;
@@ -35,7 +35,7 @@ static int lost(Engine *e, LossRun *run)
 }
 
 /* Send what the core queued, each datagram lost (in runs) or doubled where impaired, as GSO runs. */
-void send_out(Engine *e)  /* channel.py: Channel.send_many */
+void send_out(PacketEngine *e)  /* channel.py: Channel.send_many */
 {
     int n = 0;
     e->run_out.left = 0; /* a run of losses never reaches into the next send */
@@ -72,7 +72,7 @@ void send_out(Engine *e)  /* channel.py: Channel.send_many */
 
 /* Take what waits in the socket, a recvmmsg batch at a time (at most RX_BURST datagrams), each batch
  * followed by the decisions it allows. */
-void drain(Engine *e)
+void drain(PacketEngine *e)
 {
     for (int taken = 0; taken < RX_BURST && !e->error;) {
         int got, error;

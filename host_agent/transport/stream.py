@@ -4,7 +4,7 @@ Messages (a codec step's words and op) are numbered in submission order, which i
 worker, and laid end to end on the job's stream: packet p goes to slot ``p mod S``, copy ``(p div S) mod
 2``, ``seq = p`` (docs/protocol.md). This class owns the messages: their layout, their futures, and the
 epoch changes. Everything per packet (the window, timers and loss recovery, the host's checks on
-results, reassembly) is the *engine*'s (``engine.py``, the Python reference, or ``_engine.c``, the same
+results, reassembly) is the *engine*'s (``engine_core.py``, the Python reference, or ``_engine.c``, the same
 state machine in C that also does the socket work: a recvmmsg and a sendmmsg per batch, with the GIL
 released). The I/O thread hands the engine a message as a segment and gets whole segments back; the
 caller decodes on its own thread, so timers never wait for the codec.
@@ -32,7 +32,7 @@ import numpy as np
 
 from host_agent.errors import AggregationError
 from host_agent.transport.channel import Channel
-from host_agent.transport.engines import make_engine
+from host_agent.transport.engine_io import make_engine
 from host_agent.transport.packets import PACKET_BYTES, StreamIdentity, build_packets, packet_count
 from host_agent.transport.window import RoundTrip
 from lhc_ina import constants as c
@@ -74,8 +74,13 @@ class PacketStream:
     """The I/O thread of one worker. ``submit`` and ``change_epoch`` may be called from any thread."""
 
     def __init__(self, channel: Channel, who: StreamIdentity, world_size: int, *, timeout_s: float = 30.0,
-                 diagnose: Diagnose | None = None, native: bool | None = None) -> None:
+                 diagnose: Diagnose | None = None, native: bool | None = None,
+                 deliver: Callable[[np.ndarray], object] = np.copy) -> None:
         self.channel = channel
+        #: What a message's future holds, made from its aggregated words on the I/O thread: a copy by
+        #: default; the switch backend's torch tensor, so that the future ``submit`` returns is the one its
+        #: caller waits on (no second future to hand the result over: docs/host_agent.md, "One bucket").
+        self.deliver = deliver
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.diagnose = diagnose or (lambda what: (what, ()))
@@ -115,7 +120,8 @@ class PacketStream:
 
     # --- any thread ------------------------------------------------------------------------------
     def submit(self, op: c.Op, words: np.ndarray) -> Future:
-        """Aggregate ``words`` (int32) with ``op``; the future holds the aggregated int32 words."""
+        """Aggregate ``words`` (int32) with ``op``; the future holds the aggregated int32 words as
+        ``deliver`` makes them."""
         future: Future = Future()
         with self._lock:
             if self._failure is not None:
@@ -203,7 +209,7 @@ class PacketStream:
             self.bytes_per_s = rate if not self.bytes_per_s else 0.75 * self.bytes_per_s + 0.25 * rate
         if not message.delivered and message.future is not None:
             message.delivered = True
-            message.future.set_result(words.copy())
+            message.future.set_result(self.deliver(words))  # hand-off 1: the I/O thread -> the agent's
         self._log.append(message)
         horizon = self.engine.low - 2 * self.who.slot_count
         while self._log and self._log[0].end <= horizon:

@@ -12,10 +12,10 @@ import contextlib
 from concurrent.futures import Future
 from dataclasses import replace
 
+import numpy as np
 import torch
 
-from host_agent.backend import Backend, LinkEstimate
-from host_agent.codec.transfer import to_host
+from host_agent.agent_backend import Backend, LinkEstimate
 from host_agent.errors import AggregationError
 from host_agent.transport.channel import Channel, Impairment
 from host_agent.transport.packets import StreamIdentity
@@ -32,14 +32,9 @@ SILENT_AFTER_S = 3.0
 COURTESY_RPC_S = 2.0
 
 
-def _as_tensor(source: Future, target: Future, pinned: bool) -> None:
-    """The stream's result as a tensor: in pinned memory when it goes back to a GPU (the copy there is
-    then asynchronous; the host copies the words once either way)."""
-    if source.exception() is not None:
-        target.set_exception(source.exception())
-        return
-    words = torch.from_numpy(source.result())
-    target.set_result(words.pin_memory() if pinned else words)
+def _tensor_copy(words: np.ndarray) -> torch.Tensor:
+    """A message's aggregated words as the agent takes them, made on the stream's I/O thread."""
+    return torch.from_numpy(words.copy())
 
 
 class SwitchBackend(Backend):
@@ -55,7 +50,8 @@ class SwitchBackend(Backend):
         self.channel = channel
         who = StreamIdentity(joined.job_id, joined.rank, joined.epoch, joined.slot_count)
         self.stream = PacketStream(channel, who, self.world_size, timeout_s=timeout_s,
-                                   diagnose=self._diagnose, native=_engine_choice(engine))
+                                   diagnose=self._diagnose, native=_engine_choice(engine),
+                                   deliver=_tensor_copy)
         self._left = False
         self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change)
 
@@ -94,12 +90,7 @@ class SwitchBackend(Backend):
         return cls(client, job, joined, channel, timeout_s=timeout_s, heartbeat_s=heartbeat_s, engine=engine)
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
-        result: Future[torch.Tensor] = Future()
-        pinned = words.device.type == "cuda"
-        self.stream.submit(op, to_host(words.detach()).numpy()).add_done_callback(
-            lambda done: _as_tensor(done, result, pinned)
-        )
-        return result
+        return self.stream.submit(op, words.detach().cpu().numpy())  # the stream delivers a tensor
 
     def link_estimate(self) -> LinkEstimate | None:
         rtt, rate = self.stream.rtt.srtt, self.stream.bytes_per_s

@@ -64,7 +64,7 @@ class RoundTrip:
         return base * (2**probes)
 
 
-#: The tail probe (engine.py): sent after this many smoothed round trips without progress, never sooner
+#: The tail probe (engine_core.py): sent after this many smoothed round trips without progress, never sooner
 #: than ``MIN_PTO_S`` (the I/O loop's poll sleeps in whole milliseconds), doubled for a second probe.
 PTO_RTTS = 2.0
 MIN_PTO_S = 0.001

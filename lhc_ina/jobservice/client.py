@@ -58,12 +58,23 @@ def from_environment(
 
 @dataclass(frozen=True)
 class Peer:
+    """A member of a job as the job service names it to its peers (the controller's store keeps the same
+    fields and more: ``controller.records.MemberRecord``)."""
+
     rank: int
     name: str
     ip: str
     udp_port: int
     mac: str
     switch_port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.ip}:{self.udp_port}"
+
+    def describe(self) -> str:
+        """``rank 2 'h3' 10.0.0.3:40000``: how failures and logs name a worker."""
+        return f"rank {self.rank} {self.name!r} {self.address}"
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,20 @@
-"""Agents run as threads of the test process against a real controller and switch, and the exact sums their
-results are held to: what the switch-level tests (tests/test_agent_switch.py, test_tenant_isolation.py)
-share."""
+"""Agents run as threads of the test process (against a real controller and switch, or over the in-process
+backend), and the exact sums their results are held to."""
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from controller.processes import ControllerProcess
 from host_agent.agent import Agent
 from host_agent.codec.quantize import dequantize, quantize
+from host_agent.local_backend import LocalGroup
+from lhc_launch.processes import ControllerProcess
 
 _JOBS = itertools.count()
 
@@ -23,18 +24,16 @@ def job_name() -> str:
     return f"job-{next(_JOBS)}"
 
 
-def run_agents(controller: ControllerProcess, world: int, work: Callable[[Agent], object], *,
-               create: dict | None = None, job: str | None = None, **join: object) -> list[object]:
-    """Join ``world`` agents to a fresh job (named ``job``, or a new name) and run ``work`` on each in its
-    own thread; the results (or raised exceptions) in rank order."""
-    job = job or job_name()
-    controller.client.create_job(job, workers=world, **(create or {}))
+def run_threads(world: int, open_agent: Callable[[int], Agent], work: Callable[[Agent], object], *,
+                timeout_s: float = 300) -> list[object]:
+    """Open agent ``i`` with ``open_agent(i)`` and run ``work`` on it, each on its own thread; the results
+    (or raised exceptions) in rank order, every agent closed."""
     results: dict[int, object] = {}
     agents: list[Agent] = []
     lock = threading.Lock()
 
-    def member() -> None:
-        agent = Agent.join(controller.listen, job, **join)
+    def member(i: int) -> None:
+        agent = open_agent(i)
         with lock:
             agents.append(agent)
         try:
@@ -42,15 +41,53 @@ def run_agents(controller: ControllerProcess, world: int, work: Callable[[Agent]
         except Exception as exc:  # the test inspects it
             results[agent.rank] = exc
 
-    threads = [threading.Thread(target=member) for _ in range(world)]
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(world)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=300)
+        thread.join(timeout=timeout_s)
     for agent in agents:
         agent.close()
     assert sorted(results) == list(range(world)), "an agent never finished"
     return [results[rank] for rank in range(world)]
+
+
+def run_agents(controller: ControllerProcess, world: int, work: Callable[[Agent], object], *,
+               create: dict | None = None, job: str | None = None, **join: object) -> list[object]:
+    """Join ``world`` agents to a fresh job (named ``job``, or a new name) through the controller and run
+    ``work`` on each in its own thread (``run_threads``)."""
+    job = job or job_name()
+    controller.client.create_job(job, workers=world, **(create or {}))
+    return run_threads(world, lambda _: Agent.join(controller.listen, job, **join), work)
+
+
+def join_agents(controller: str, job: str, ips: Sequence[str], timeout_s: float, **join: Any) -> list[Agent]:
+    """One agent per entry of ``ips`` (the address it binds) joins ``job`` (at once: each waits for the
+    job's install); by rank. Where one cannot join, the others are closed and the test fails."""
+    agents: list[Agent] = []
+    lock = threading.Lock()
+
+    def member(ip: str) -> None:
+        agent = Agent.join(controller, job, ip=ip, timeout_s=timeout_s, **join)
+        with lock:
+            agents.append(agent)
+
+    threads = [threading.Thread(target=member, args=(ip,)) for ip in ips]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    if len(agents) != len(ips):
+        for agent in agents:
+            agent.close()
+        raise AssertionError(f"{len(ips) - len(agents)} worker(s) could not join")
+    return sorted(agents, key=lambda agent: agent.rank)
+
+
+def run_local(world: int, work: Callable[[Agent], object]) -> list[object]:
+    """``world`` agents over the in-process backend, ``work`` on each in its own thread (``run_threads``)."""
+    members = LocalGroup(world).members()
+    return run_threads(world, lambda i: Agent(members[i]), work, timeout_s=120)
 
 
 def sparse_inputs(world: int, n: int, density: float, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:

@@ -8,8 +8,8 @@ import threading
 
 import grpc
 
-from controller.processes import ChildProcess, SoftswitchProcess, free_tcp_port
 from lhc_ina import constants as c
+from lhc_launch.processes import ChildProcess, SoftswitchProcess, free_tcp_port
 from ptf_tests.targets import ensure_bmv2_json
 
 

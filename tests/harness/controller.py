@@ -1,5 +1,5 @@
 """Test helpers for the controller: the switch's state and the store's as comparable sets, simulated
-workers that aggregate over UDP, a ready-made job record. The processes live in ``controller.processes``
+workers that aggregate over UDP, a ready-made job record. The processes live in ``lhc_launch.processes``
 and ``tests/harness/bmv2.py``.
 """
 
@@ -12,7 +12,6 @@ import grpc
 import numpy as np
 import pytest
 
-from controller.processes import SoftswitchProcess
 from controller.reconcile import SwitchState, desired_state, read_state
 from controller.records import JobRecord, JobState, MemberRecord
 from controller.store import DB_NAME, JobStore
@@ -23,6 +22,7 @@ from lhc_ina.jobservice.client import Joined
 from lhc_ina.jobservice.errors import ControllerError
 from lhc_ina.p4rt import P4RuntimeClient
 from lhc_ina.wire import LhcHeader, pack_packet, unpack_packet
+from lhc_launch.processes import SoftswitchProcess
 from tests.harness.bmv2 import Bmv2Process
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 
 import torch
 
-from host_agent.backend import Backend
+from host_agent.agent_backend import Backend
 from host_agent.codec import reduce_words
 from host_agent.codec.transfer import to_host
 from host_agent.errors import AggregationError

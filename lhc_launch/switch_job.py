@@ -1,4 +1,5 @@
-"""P4Runtime updates and frames for one lhc job, from names: shared by softswitch's tests and benchmark.
+"""A job written straight into a switch by raw P4Runtime updates, no controller, and its workers' frames,
+from names: for softswitch's benchmark (``lhc-bench switch``) and its tests.
 
 A job is an ``lhc_ina.jobs.JobLayout`` and its entries come from ``job_entries``, the one validated
 function every job model goes through. Deliberately independent of the controller and of
@@ -8,16 +9,16 @@ in the server.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from p4.v1 import p4runtime_pb2 as p4v1
 
 from lhc_ina import constants as c
-from lhc_ina.jobs import SET_JOB, JobLayout, WorkerEndpoint, job_entries
+from lhc_ina.jobs import JobLayout, WorkerEndpoint, job_entries
 from lhc_ina.p4info import P4InfoIndex
-from lhc_ina.wire import LhcHeader, build_frame, pack_packet, stream_position
-from softswitch.entities import canonical
+from lhc_ina.wire import LhcHeader, build_frame, pack_packet
+from softswitch.entity_store import canonical
 
 SWITCH_MAC = "02:00:00:00:00:fe"
 SWITCH_IP = "10.0.0.254"
@@ -51,24 +52,14 @@ def update(kind: int, entity: p4v1.TableEntry | p4v1.MulticastGroupEntry) -> p4v
     return up
 
 
-def job_updates(index: P4InfoIndex, job: JobLayout, kind: int = p4v1.Update.INSERT, *,
-                broken: Mapping[str, int] | None = None) -> list[p4v1.Update]:
+def job_updates(index: P4InfoIndex, job: JobLayout, kind: int = p4v1.Update.INSERT) -> list[p4v1.Update]:
     """The `jobs`, `workers` and `replicas` entries plus the multicast group of ``job``, as
-    ``lhc_ina.jobs.job_entries`` validates and describes them.
-
-    ``broken`` is the one escape hatch, for tests of what the data plane does with a table that breaks an
-    admission invariant: it overrides `set_job` parameters *after* validation (e.g. ``{"job_index":
-    MAX_JOBS}``), so a broken entry is always explicit at the call site."""
+    ``lhc_ina.jobs.job_entries`` validates and describes them."""
     entries = job_entries(job)
-    updates = []
-    for spec in entries.tables:
-        params = dict(spec.params)
-        if spec.action == SET_JOB and broken:
-            unknown = set(broken) - set(params)
-            if unknown:
-                raise ValueError(f"set_job has no parameters {sorted(unknown)}")
-            params.update(broken)
-        updates.append(update(kind, table_entry(index, spec.table, dict(spec.match), spec.action, **params)))
+    updates = [
+        update(kind, table_entry(index, spec.table, dict(spec.match), spec.action, **dict(spec.params)))
+        for spec in entries.tables
+    ]
     group = p4v1.MulticastGroupEntry(multicast_group_id=entries.group.group_id)
     for port, rank in entries.group.replicas:
         group.replicas.add(egress_port=port, instance=rank)
@@ -92,11 +83,6 @@ def data_frame(job: JobLayout, rank: int, words: np.ndarray | list[int], *, src_
         data_packet(job, rank, words, **kwargs), src_mac=worker.mac, dst_mac=SWITCH_MAC,
         src_ip=src_ip or worker.ip, dst_ip=SWITCH_IP, src_port=worker.udp_port, dst_port=dst_port,
     )
-
-
-def position(job: JobLayout, p: int) -> dict[str, int]:
-    """Where packet ``p`` of the job's stream goes: slot, copy and seq (``lhc_ina.wire.stream_position``)."""
-    return stream_position(p, job.slot_count)
 
 
 def make_job(job_id: int, job_index: int, workers: int | Sequence[WorkerEndpoint], *, first_port: int = 1,

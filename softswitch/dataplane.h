@@ -101,7 +101,7 @@ typedef struct {
     unsigned long long errors;
     PyObject *capture;            /* a list while --pcap captures (NULL otherwise): see capture_frame */
     long capture_in, capture_out; /* the direction codes its records carry (softswitch/capture.py) */
-} Engine;
+} Dataplane;
 
 /* A leaf's set_uplink parameters (docs/switch.md, "Two levels"); `has` is 0 where the job has none. */
 typedef struct {
@@ -109,21 +109,21 @@ typedef struct {
     uint64_t port, worker_id, src_mac, dst_mac, src_addr, dst_addr, src_port, dst_port;
 } Uplink;
 
-/* _dataplane_pipeline.c: one frame through the v1model program; -1 with an exception set if a table
+/* dataplane_pipeline.c: one frame through the v1model program; -1 with an exception set if a table
  * entry is unusable (the frame is then lost, as the Python pipeline's ValueError loses it). */
-int process_frame(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_port, Sink *sink);
+int process_frame(Dataplane *e, uint8_t *rx, Py_ssize_t length, long ingress_port, Sink *sink);
 void ipv4_checksum(const Layout *L, uint8_t *rx);
 
-/* _dataplane_slots.c: the @atomic block. read_uplink: the job's uplinks entry (0, or -1 with an
+/* dataplane_slots.c: the @atomic block. read_uplink: the job's uplinks entry (0, or -1 with an
  * exception); aggregate (a DATA packet) and store_result (a leaf's parent's result) return the outcome. */
-int read_uplink(Engine *e, uint64_t job_id, Uplink *up);
-long aggregate(Engine *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint32_t step,
+int read_uplink(Dataplane *e, uint64_t job_id, Uplink *up);
+long aggregate(Dataplane *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint32_t step,
                uint32_t worker_bit, uint64_t fan_in, uint8_t byte0, const Uplink *up);
-long store_result(Engine *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint8_t byte0);
+long store_result(Dataplane *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint8_t byte0);
 
-/* _dataplane_tables.c: the Python objects a burst reads, and lookups in them. */
-int snapshot_take(Engine *e);
-void snapshot_drop(Engine *e);
+/* dataplane_tables.c: the Python objects a burst reads, and lookups in them. */
+int snapshot_take(Dataplane *e);
+void snapshot_drop(Dataplane *e);
 /* dict.get(key) for an int key: borrowed, NULL on a miss (or with an exception set: check). */
 PyObject *lookup(PyObject *dict, uint64_t key);
 PyObject *lookup_wide(PyObject *dict, unsigned __int128 key);
@@ -132,17 +132,17 @@ int is_action(PyObject *call, PyObject *name);
 /* Param `at` of an action call; `size`, when > 0, is the tuple length pipeline.py unpacks. */
 int param(PyObject *call, long at, long size, uint64_t *out);
 /* The action of ipv4_routes' longest matching prefix: borrowed, NULL on a miss (or with an exception). */
-PyObject *lpm_lookup(Engine *e, uint64_t value);
+PyObject *lpm_lookup(Dataplane *e, uint64_t value);
 
-/* _dataplane_io.c: ports, bursts and send queues. */
-int emit_frame(Engine *e, Sink *sink, long port, const uint8_t *frame, Py_ssize_t length);
-int io_setup(Engine *e);
-void io_free(Engine *e);
-int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template);
-Py_ssize_t burst_receive(Engine *e, Port *port, int *error);
-int flush_all(Engine *e);
+/* dataplane_io.c: ports, bursts and send queues. */
+int emit_frame(Dataplane *e, Sink *sink, long port, const uint8_t *frame, Py_ssize_t length);
+int io_setup(Dataplane *e);
+void io_free(Dataplane *e);
+int port_attach(Dataplane *e, int number, int fd, int kind, const uint8_t *template);
+Py_ssize_t burst_receive(Dataplane *e, Port *port, int *error);
+int flush_all(Dataplane *e);
 /* While capturing: append (direction, port, frame bytes) to e->capture; -1 with an exception if it fails. */
-int capture_frame(Engine *e, long direction, long port, const uint8_t *frame, Py_ssize_t length);
+int capture_frame(Dataplane *e, long direction, long port, const uint8_t *frame, Py_ssize_t length);
 
 /* Big-endian fields of 1, 2, 4 or 6 bytes: widths come from the layout, so a generic reader. */
 static inline uint64_t get_be(const uint8_t *p, long bytes)

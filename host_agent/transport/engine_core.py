@@ -3,8 +3,9 @@
 ``PacketStream`` (``stream.py``) owns messages: it lays each one out at its stream positions (its packets
 built at once by ``packets.build_packets``) and hands the engine a *segment*: the first position, the
 packets' bytes and the buffer their results go to. The engine does everything per packet and reports
-whole segments done. This file is the reference model, in Python; ``_engine.c`` is the same state machine
-in C with the socket work around it (one recvmmsg and one sendmmsg per batch, the GIL released), and
+whole segments done. This file is the reference model, in Python, without I/O (``engine_io.py`` puts a
+channel around it); ``engine_core.c`` is the same state machine in C, and ``_engine.c`` with
+``engine_io.c`` the socket work around it (one recvmmsg and one sendmmsg per batch, the GIL released);
 ``tests/test_engine_differential.py`` holds the two to the same bytes out and the same results.
 
 One ``step(now, datagrams)`` takes the results that arrived, then decides what leaves now, in this order:

@@ -1,4 +1,6 @@
-"""What carries codec messages between workers: the switch, a torch.distributed group, or memory.
+"""What carries an ``Agent``'s codec messages between workers: the switch, a torch.distributed group, or
+memory. (torch.distributed's own backend, ``lhc``, is another thing: ``torch_backend.py``, a user of the
+agent.)
 
 Every backend reduces one message's int32 words across the job's workers, ADD as a sum mod 2^32 and OR
 as a bitwise or, and hands the same words back to every worker. The agent calls :meth:`Backend.reduce`

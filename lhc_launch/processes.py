@@ -1,5 +1,6 @@
-"""The project's processes as children: an ``lhc-softswitch`` (UDP) and an ``lhc-controller serve``, for
-the demo, the benchmarks and the tests (which add BMv2, ``tests/harness/bmv2.py``).
+"""The project's processes as children: an ``lhc-softswitch`` (UDP), a leaf/spine fabric of them and an
+``lhc-controller serve``, for the demo, the benchmarks and the tests (which add BMv2,
+``tests/harness/bmv2.py``).
 
 Both run as ``sys.executable -m ...`` so the checkout's code runs, wait for their ready line, and bind
 free ports (gRPC port 0; softswitch's lhc port on a random 127.x.y.z, inside the lhc port range). They

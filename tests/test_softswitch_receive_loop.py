@@ -17,15 +17,14 @@ import pytest
 
 from lhc_ina import constants as c
 from lhc_ina import wire
-from lhc_ina.jobs import WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
+from lhc_launch.switch_job import data_packet
 from softswitch import cli
-from softswitch.dataplane import NATIVE_BURST, DataPlane
-from softswitch.entities import Entities
 from softswitch.native import NativePipeline, choose_pipeline, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.ports import PortSpec, UdpPort
-from softswitch.testing import data_packet, job_updates, make_job
+from softswitch.receive_loop import NATIVE_BURST, DataPlane
+from tests.harness.switch_jobs import loopback_job, loopback_sockets
 
 INDEX = P4InfoIndex.from_file()
 PIPELINES = [pytest.param("python"), pytest.param("native", marks=pytest.mark.skipif(
@@ -57,22 +56,14 @@ class FailingPort(UdpPort):
 def test_a_failing_port_is_counted_and_logged_and_the_others_keep_forwarding(kind, caplog):
     pipeline = Pipeline(INDEX)
     pipeline.configured = True
-    ranks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
-    for sock in ranks:
-        sock.bind(("127.0.0.1", 0))
-        sock.settimeout(3)
-    members = [WorkerEndpoint(r, "127.0.0.1", s.getsockname()[1], "02:00:00:00:00:01", 1)
-               for r, s in enumerate(ranks)]
-    job = make_job(8, 2, members, slot_count=2, epoch=4)
-    entities = Entities(pipeline, INDEX.p4info)
-    for up in job_updates(INDEX, job):
-        entities.write(up)
+    ranks = loopback_sockets(2)
+    job = loopback_job(INDEX, pipeline, ranks, 8, 2, slot_count=2, epoch=4)
     good = UdpPort(PortSpec(1, host="127.0.0.1", udp_port=0), pipeline.rx)
     bad = FailingPort(PortSpec(2, host="127.0.0.1", udp_port=0), pipeline.rx)
     native = NativePipeline(pipeline, NATIVE_BURST) if kind == "native" else None
     failures: list[BaseException] = []
     dataplane = DataPlane(pipeline, [good, bad], threading.Lock(), native=native, on_failure=failures.append)
-    caplog.set_level(logging.WARNING, logger="softswitch.dataplane")
+    caplog.set_level(logging.WARNING, logger="softswitch.receive_loop")
     dataplane.start()
     try:
         words = [np.full(c.LANES, 3 + r, np.uint32) for r in range(2)]

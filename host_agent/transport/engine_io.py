@@ -1,4 +1,5 @@
-"""The engine a stream runs: ``_engine.c`` where it is built, else the Python reference over the channel.
+"""The engine a stream runs, with its I/O: ``_engine.c`` (with ``engine_io.c``) where it is built, else the
+Python reference (``engine_core.py``, no I/O of its own) over the channel.
 
 Both have one face: ``add``, ``restart``, ``step`` (the pure state machine, for tests), ``pump`` (one turn
 of the I/O loop: send what is due, wait for a result, a timer or a wake-up, take a batch of results,
@@ -23,7 +24,7 @@ import time
 from types import ModuleType
 
 from host_agent.transport.channel import Channel
-from host_agent.transport.engine import DUPLICATE_THRESHOLD, EngineStats, PacketEngine, Stalled
+from host_agent.transport.engine_core import DUPLICATE_THRESHOLD, EngineStats, PacketEngine, Stalled
 from host_agent.transport.packets import PACKET_BYTES, StreamIdentity
 from host_agent.transport.window import (
     INITIAL_RTO_S,
@@ -119,14 +120,14 @@ def _drain_wake(fd: int) -> None:
 
 
 class NativeEngine:
-    """``_engine.Engine`` behind the reference engine's face."""
+    """``_engine.PacketEngine`` (C) behind the reference engine's face."""
 
     def __init__(self, who: StreamIdentity, world_size: int, channel: Channel | None, timeout_s: float,
                  gso: bool = True) -> None:
         self.who = who
         self.channel = channel
         impairment = channel.impairment if channel is not None else None
-        self._engine = _native.Engine(
+        self._engine = _native.PacketEngine(
             fd=channel.fileno() if channel is not None else -1,
             job_id=who.job_id, rank=who.rank, epoch=who.epoch, slot_count=who.slot_count,
             world_size=world_size, timeout_s=timeout_s,

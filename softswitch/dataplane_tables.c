@@ -6,11 +6,11 @@
  * references, because P4Runtime rebinds some of them (a default, the LPM length list) between bursts.
  * Lookups then go to those very dicts with the GIL held; nothing is copied.
  */
-#include "_dataplane.h"
+#include "dataplane.h"
 
 #include <string.h>
 
-int snapshot_take(Engine *e)
+int snapshot_take(Dataplane *e)
 {
     Snapshot *s = &e->s;
     memset(s, 0, sizeof(*s));
@@ -47,7 +47,7 @@ int snapshot_take(Engine *e)
     return 0;
 }
 
-void snapshot_drop(Engine *e)
+void snapshot_drop(Dataplane *e)
 {
     Snapshot *s = &e->s;
     Py_CLEAR(s->jobs); Py_CLEAR(s->jobs_default); Py_CLEAR(s->workers); Py_CLEAR(s->uplinks);
@@ -108,7 +108,7 @@ int param(PyObject *call, long at, long size, uint64_t *out)
 }
 
 /* The action of the longest prefix of ipv4_routes matching `value` (LpmTable.lookup), or NULL. */
-PyObject *lpm_lookup(Engine *e, uint64_t value)
+PyObject *lpm_lookup(Dataplane *e, uint64_t value)
 {
     const Layout *L = &e->L;
     PyObject *lens = e->s.lpm_lens;

@@ -4,12 +4,12 @@
  * the answer to a repeat, and on a leaf of a two-level job its partial going up and its parent's result
  * coming down (docs/switch.md, "Two levels: leaf and spine"). Registers are the Pipeline's numpy arrays.
  */
-#include "_dataplane.h"
+#include "dataplane.h"
 
 #include <string.h>
 
 /* The uplinks lookup of pipeline.py _lhc_ingress: the job's set_uplink call, or none. */
-int read_uplink(Engine *e, uint64_t job_id, Uplink *up)
+int read_uplink(Dataplane *e, uint64_t job_id, Uplink *up)
 {
     const Layout *L = &e->L;
     memset(up, 0, sizeof(*up));
@@ -69,7 +69,7 @@ static void row_to_payload(const Layout *L, const uint32_t *row, uint8_t *payloa
 }
 
 /* The @atomic block for DATA (slots.py _aggregate and _retransmit): returns the outcome, -1 never. */
-long aggregate(Engine *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint32_t step,
+long aggregate(Dataplane *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint32_t step,
                       uint32_t worker_bit, uint64_t fan_in, uint8_t byte0, const Uplink *up)
 {
     const Layout *L = &e->L;
@@ -147,7 +147,7 @@ long aggregate(Engine *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t
 
 /* The @atomic block for a result from a leaf's parent (slots.py _store_result): stored, and multicast,
  * only by a copy that awaits exactly this round; nothing is written otherwise. */
-long store_result(Engine *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint8_t byte0)
+long store_result(Dataplane *e, uint8_t *rx, Py_ssize_t cell, uint64_t epoch, uint32_t seq, uint8_t byte0)
 {
     const Layout *L = &e->L;
     uint8_t *remainings = e->remaining.buf;

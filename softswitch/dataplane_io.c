@@ -12,7 +12,7 @@
  * counted (as on a full link); only an unusable socket raises.
  */
 #define _GNU_SOURCE
-#include "_dataplane.h"
+#include "dataplane.h"
 
 #include <errno.h>
 #include <linux/if_packet.h>
@@ -24,7 +24,7 @@
 /* One port's queue: what one sendmmsg takes. */
 #define QUEUE_CAPACITY UDP_MAX_PER_CALL
 
-int io_setup(Engine *e)
+int io_setup(Dataplane *e)
 {
     const Layout *L = &e->L;
     e->queue_capacity = QUEUE_CAPACITY;
@@ -48,7 +48,7 @@ int io_setup(Engine *e)
     return 0;
 }
 
-void io_free(Engine *e)
+void io_free(Dataplane *e)
 {
     for (Py_ssize_t i = 0; i < e->n_ports; i++) {
         PyMem_Free(e->ports[i].template);
@@ -65,7 +65,7 @@ void io_free(Engine *e)
     udp_runs_free(&e->runs);
 }
 
-int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template)
+int port_attach(Dataplane *e, int number, int fd, int kind, const uint8_t *template)
 {
     const Layout *L = &e->L;
     if (number < 0 || number > L->max_port || e->port_index[number] >= 0) {
@@ -102,7 +102,7 @@ int port_attach(Engine *e, int number, int fd, int kind, const uint8_t *template
 
 /* Send one port's queue: UDP as runs per destination, raw frames one message each; the errno when the
  * socket itself is unusable, else 0 (refused datagrams are counted in the port's sender). */
-static int flush_port(Engine *e, Port *p)
+static int flush_port(Dataplane *e, Port *p)
 {
     const struct sockaddr_in *to = p->kind == PORT_UDP ? p->destinations : NULL;
     int32_t messages = udp_runs_build(&e->runs, p->iov, to, 1, (int32_t)p->queued, &p->sender);
@@ -111,7 +111,7 @@ static int flush_port(Engine *e, Port *p)
 }
 
 /* Send every port's queue (the GIL released: the kernel's work lets the P4Runtime threads run). */
-int flush_all(Engine *e)
+int flush_all(Dataplane *e)
 {
     int error = 0, first_error = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -131,8 +131,8 @@ int flush_all(Engine *e)
     return 0;
 }
 
-/* Python twin: DataPlane._burst_python's and DataPlane.emit's records (softswitch/dataplane.py). */
-int capture_frame(Engine *e, long direction, long port, const uint8_t *frame, Py_ssize_t length)
+/* Python twin: DataPlane._burst_python's and DataPlane.emit's records (softswitch/receive_loop.py). */
+int capture_frame(Dataplane *e, long direction, long port, const uint8_t *frame, Py_ssize_t length)
 {
     PyObject *item = Py_BuildValue("(lly#)", direction, port, (const char *)frame, length);
     int status = item ? PyList_Append(e->capture, item) : -1;
@@ -141,7 +141,7 @@ int capture_frame(Engine *e, long direction, long port, const uint8_t *frame, Py
 }
 
 /* A copy leaving the pipeline: into the inject list, or queued on its port (dropped if none). */
-int emit_frame(Engine *e, Sink *sink, long port, const uint8_t *frame, Py_ssize_t length)
+int emit_frame(Dataplane *e, Sink *sink, long port, const uint8_t *frame, Py_ssize_t length)
 {
     const Layout *L = &e->L;
     if (sink->list != NULL) {
@@ -203,7 +203,7 @@ static Py_ssize_t synthesize(const Layout *L, const Port *p, uint8_t *frame, Py_
 
 /* Up to `burst` frames from a port into the rx slots, frame i's length in rx_messages[i].msg_len (0 for
  * a frame to skip). Returns the count, or -1 with *error = errno. */
-Py_ssize_t burst_receive(Engine *e, Port *port, int *error)
+Py_ssize_t burst_receive(Dataplane *e, Port *port, int *error)
 {
     const Layout *L = &e->L;
     long offset = port->kind == PORT_UDP ? L->frame_lhc : 0; /* UDP: room for the synthesized headers */

@@ -4,11 +4,11 @@
  * Python pipeline's receive buffer, and every copy it produces goes to emit_frame.
  *
  * Tables are the Python dicts themselves (ExactTable.entries, LpmTable._by_len, MulticastGroups.groups),
- * looked up with the GIL held under the switch lock (_dataplane_tables.c); registers and counters are the
+ * looked up with the GIL held under the switch lock (dataplane_tables.c); registers and counters are the
  * Pipeline's numpy arrays through the buffer protocol. Nothing here keeps a copy of either. The @atomic
- * block (the slot registers) is _dataplane_slots.c.
+ * block (the slot registers) is dataplane_slots.c.
  */
-#include "_dataplane.h"
+#include "dataplane.h"
 
 #include <string.h>
 
@@ -54,7 +54,7 @@ void ipv4_checksum(const Layout *L, uint8_t *rx)
 }
 
 /* LhcEgress + LhcComputeChecksum + LhcDeparser (pipeline.py _egress). */
-static int egress(Engine *e, uint8_t *rx, long port, uint64_t rid, int is_lhc, Py_ssize_t length, Sink *sink)
+static int egress(Dataplane *e, uint8_t *rx, long port, uint64_t rid, int is_lhc, Py_ssize_t length, Sink *sink)
 {
     const Layout *L = &e->L;
     if (port == L->drop_port)
@@ -85,7 +85,7 @@ static int egress(Engine *e, uint8_t *rx, long port, uint64_t rid, int is_lhc, P
 }
 
 /* simple_switch's PRE (pipeline.py _replicate): one egress pass per replica; group 0 means egress_spec 0. */
-static int replicate(Engine *e, uint8_t *rx, uint64_t group_id, Py_ssize_t length, Sink *sink)
+static int replicate(Dataplane *e, uint8_t *rx, uint64_t group_id, Py_ssize_t length, Sink *sink)
 {
     if (group_id == 0)
         return egress(e, rx, 0, 0, 1, length, sink);
@@ -114,7 +114,7 @@ static int replicate(Engine *e, uint8_t *rx, uint64_t group_id, Py_ssize_t lengt
 }
 
 /* LhcIngress, the is_lhc branch (pipeline.py _lhc_ingress): steps 1-8, the counter, the fate. */
-static int lhc_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_port, int level, int error,
+static int lhc_ingress(Dataplane *e, uint8_t *rx, Py_ssize_t length, long ingress_port, int level, int error,
                        Sink *sink)
 {
     const Layout *L = &e->L;
@@ -212,7 +212,7 @@ static int lhc_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_p
 }
 
 /* LhcIngress, the other branches (pipeline.py _forward_ingress): ipv4_routes or l2_forward. */
-static int forward_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, int level, Sink *sink)
+static int forward_ingress(Dataplane *e, uint8_t *rx, Py_ssize_t length, int level, Sink *sink)
 {
     const Layout *L = &e->L;
     uint64_t port;
@@ -252,7 +252,7 @@ static int forward_ingress(Engine *e, uint8_t *rx, Py_ssize_t length, int level,
 }
 
 /* V1Switch (pipeline.py process). */
-int process_frame(Engine *e, uint8_t *rx, Py_ssize_t length, long ingress_port, Sink *sink)
+int process_frame(Dataplane *e, uint8_t *rx, Py_ssize_t length, long ingress_port, Sink *sink)
 {
     const Layout *L = &e->L;
     if (!e->s.configured) /* BMv2 without a program forwards nothing */
