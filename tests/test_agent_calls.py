@@ -11,11 +11,11 @@ import time
 
 import pytest
 import torch
-from test_agent_local import run_group
 
 from host_agent.agent import Agent
 from host_agent.codec import aggregate_local
 from host_agent.local_backend import LocalGroup
+from tests.harness.agents import run_local
 
 
 def sparse(seed: int, n: int = 30_000) -> torch.Tensor:
@@ -36,7 +36,7 @@ def run_members(world: int, calls: list[tuple[str, int]], late_rank: int) -> lis
                    for key, seed in calls]
         return [future.result(timeout=120) for future in futures]
 
-    results = run_group(world, work)
+    results = run_local(world, work)
     for result in results:
         if isinstance(result, Exception):
             raise result

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from host_agent.agent import Agent
 from host_agent.codec import AggregationError, WorkerSession, reduce_words
 from host_agent.local_backend import LocalGroup
-from tests.test_agent_local import run_group
+from tests.harness.agents import run_local
 
 W = 4
 N = 1003  # not a multiple of W nor of a block
@@ -173,7 +173,7 @@ def test_a_reduce_scatter_through_the_agent_is_the_all_reduce_sliced(mode: str) 
             out.append((full, part))
         return out
 
-    results = run_group(W, work)
+    results = run_local(W, work)
     if mode == "auto":
         assert {part.stats["mode"] for _, part in results[0]} == {"sketch", "dense"}
     for rank, calls in enumerate(results):
