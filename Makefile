@@ -19,7 +19,7 @@ TEST_WORKERS ?= 2
 DEMO_ARGS ?=
 
 .PHONY: venv demo test lint bench p4 p4-v1model p4-tna p4-p4info p4-constants p4-check system-deps clean emulate-train emulate-bmv2 \
-	wireshark-dissector wireshark-check test-tools
+	wireshark-dissector wireshark-check test-tools gpu-check gpu-wheels
 
 venv: $(INSTALLED)
 
@@ -157,3 +157,24 @@ controller-stubs:
 	build/stubs-venv/bin/pip install -q grpcio-tools==1.49.1
 	build/stubs-venv/bin/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. \
 		lhc_ina/jobservice/jobservice.proto
+
+# The device check (benchmarks/gpu_check.py): on a GPU machine, with the machine's own python3 and torch
+# (never this venv's), the wheels below from $(WHEELS) and the C extensions built in place; it writes
+# $(OUT)/summary.json and summary.txt. On a CPU machine the device steps say they were skipped.
+# `make gpu-wheels` downloads the wheels (for CPython 3.12, pure Python) into the ignored $(WHEELS).
+OUT ?= build/gpu-check
+WHEELS ?= .whl
+GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+GPU_WHEELS := protobuf==3.20.3 p4runtime==1.5.0 googleapis-common-protos==1.73.0 prometheus_client==0.26.0 \
+	scapy==2.8.0 pyroute2==0.9.7
+GPU_WHEEL_PLATFORM := --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+gpu-check:
+	$(GPU_PYTHON) -m benchmarks.gpu_check --out $(OUT) --wheels $(WHEELS) $(GPU_CHECK_ARGS)
+
+gpu-wheels:
+	mkdir -p $(WHEELS)
+	for spec in $(GPU_WHEELS); do $(PYTHON) -m pip download -q --no-deps --only-binary=:all: \
+		$(GPU_WHEEL_PLATFORM) -d $(WHEELS) $$spec || exit 1; done
+	@du -sh $(WHEELS)

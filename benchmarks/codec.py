@@ -12,6 +12,12 @@ measured aggregation. Times are per worker (the mean over workers of the time sp
 decoding in one aggregation), medians over repeats; ``memcpy_s`` is the median time of copying one dense
 float32 bucket into a preallocated buffer, measured in the same run. Outputs go to preallocated buffers
 too (as a DDP hook writes into its bucket). One JSON object per case on stdout; progress on stderr.
+
+``gpu_launches`` (every row): the device operations the codec's GPU path takes for the case, encode and
+decode apart (``benchmarks.codec_launches``). ``--device cuda`` runs the GPU path itself, prints a line
+per case on stderr (times against the device's memcpy, launches, exactness) and adds the profiler's
+count for one worker (``profiled_launches``). ``--layout`` picks the sketch's layout (auto: plain on a
+GPU, fused on a CPU; docs/codec.md).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ import sys
 import time
 
 import torch
+
+from benchmarks.codec_launches import counted_launches, interpreter_for, profiled_launches
+from benchmarks.codec_peeling import peel_trials
 
 DEFAULT_LENGTH = 1 << 24
 SWEEP_DENSITIES = (0.001, 0.01, 0.05)
@@ -71,6 +80,10 @@ def _at_least(low: int, high: int | None = None):
     return parse
 
 
+def _layouts(text: str) -> list[str]:
+    return _items(text, str, lambda v: v in ("auto", "fused", "plain"), "layouts among auto, fused, plain")
+
+
 def _kernels(text: str) -> list[str]:
     return _items(text, str, lambda v: v in KERNELS, f"kernels among {', '.join(KERNELS)}")
 
@@ -98,6 +111,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="nonzeros drawn as whole items (blocks) or as single elements; the same at block 1",
     )
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--layout", type=_layouts, default=["auto"],
+                        help="sketch layouts, auto,fused,plain (default auto: plain on a GPU, fused on CPU)")
+    parser.add_argument("--no-gpu-launches", action="store_true",
+                        help="skip counting the GPU path's launches (on a CPU it runs worker 0 in Triton's "
+                             "interpreter, which takes a few seconds per case)")
     parser.add_argument("--repeats", type=_at_least(1), default=5, help="(default %(default)s)")
     parser.add_argument("--margin", type=_margin, default=None, help="sketch capacity margin (codec default)")
     parser.add_argument("--seed", type=int, default=0, help="(default %(default)s)")
@@ -140,15 +158,17 @@ def _tune_malloc() -> bool:
 def _draw(
     n: int, density: float, workers: int, gen: torch.Generator, device: str, block: int = 1
 ) -> list[torch.Tensor]:
-    """W buckets with ``density * n / block`` random nonzero items of ``block`` elements each."""
+    """W buckets with ``density * n / block`` random nonzero items of ``block`` elements each (drawn on the
+    generator's device: a GPU draws a 2^24 bucket far faster)."""
     items = (n + block - 1) // block
     k = round(items * density)
+    on = gen.device
     xs = []
     for _ in range(workers):
-        x = torch.zeros(items * block)
-        chosen = torch.randperm(items, generator=gen)[:k]
-        positions = (chosen.unsqueeze(1) * block + torch.arange(block)).view(-1)
-        x[positions] = torch.randn(positions.numel(), generator=gen)
+        x = torch.zeros(items * block, device=on)
+        chosen = torch.randperm(items, generator=gen, device=on)[:k]
+        positions = (chosen.unsqueeze(1) * block + torch.arange(block, device=on)).view(-1)
+        x[positions] = torch.randn(positions.numel(), generator=gen, device=on)
         xs.append(x[:n].contiguous().to(device))
     return xs
 
@@ -190,12 +210,14 @@ def _memcpy_s(src: torch.Tensor, dst: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-def run_case(args: argparse.Namespace, mode: str, density: float, block: int) -> dict:
+def run_case(args: argparse.Namespace, mode: str, density: float, block: int, layout: str = "auto") -> dict:
     from host_agent.codec import aggregate_local
     from host_agent.codec.native import kernel_simd, native_available
 
-    options = {"timing": True} if args.margin is None else {"margin": args.margin, "timing": True}
-    gen = torch.Generator().manual_seed(args.seed)
+    options = {"timing": True, "layout": layout}
+    if args.margin is not None:
+        options["margin"] = args.margin
+    gen = torch.Generator(device="cuda" if args.device.startswith("cuda") else "cpu").manual_seed(args.seed)
     draw_block = block if args.support == "blocks" else 1
     warm = _draw(args.length, density, args.workers, gen, args.device, draw_block)
     state = aggregate_local(warm, mode=mode, block=block, **options).state
@@ -214,6 +236,14 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
         memcpy.append(_memcpy_s(xs[0], dst))
     assert result is not None
     stats = result.stats
+    launches, profiled = None, None
+    if not args.no_gpu_launches:
+        launches = counted_launches(xs, mode, block, state, options)
+        if xs[0].is_cuda:
+            try:
+                profiled = profiled_launches(xs[0], mode, block, options)
+            except Exception as exc:  # the profiler (CUPTI) may be missing: the row stands without it
+                profiled = {"error": repr(exc)}
     n_items = (args.length + block - 1) // block
     union = _union_items(xs, block)
     bound = info_bound_bytes(n_items, union, block)
@@ -227,6 +257,8 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
         "block": block,
         "support": args.support,
         "device": args.device,
+        "device_name": torch.cuda.get_device_name(xs[0].device) if xs[0].is_cuda else None,
+        "layout": stats["layout"],
         "encode_s": enc,
         "decode_s": dec,
         "memcpy_s": mc,
@@ -254,46 +286,20 @@ def run_case(args: argparse.Namespace, mode: str, density: float, block: int) ->
         "native_kernels": native_available() and args.device == "cpu",
         "kernels": "native" if native_available() else "torch",
         "simd": kernel_simd(),  # the kernels' hash and Bloom loops: "avx2" or "scalar" (None: torch)
+        "codec_kernels": stats["kernels"],  # what ran the measured aggregation: native/..., torch or triton
+        "gpu_launches": launches,  # the GPU path's device operations (None: not counted, or no Triton)
+        "profiled_launches": profiled,  # a CUDA device only: one worker's, the profiler's list beside
     }
 
 
-def _random_subset(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
-    """A uniformly random sorted k-subset of range(n), in O(k log k) rather than randperm's O(n)."""
-    if k > n:
-        raise ValueError(f"cannot draw {k} distinct items of {n}")
-    drawn = torch.empty(0, dtype=torch.int64)
-    while drawn.numel() < k:
-        more = torch.randint(n, (k + k // 8 + 64,), generator=gen)
-        drawn = torch.unique(torch.cat([drawn, more]))
-    return drawn[torch.randperm(drawn.numel(), generator=gen)[:k]].sort().values
-
-
-def peel_trials(n_items: int, union: int, margin: float, trials: int, seed: int, device: str) -> dict:
-    """Peeling failures over ``trials`` random candidate sets of ``union`` items, sketch sized as the
-    codec sizes it from an expectation of ``union`` (the hypergraph alone decides; values do not)."""
-    from tqdm import tqdm
-
-    from host_agent.codec.peeling import peel
-    from host_agent.codec.sketch import SketchSpec, sketch_cells
-    from lhc_ina.constants import LANES
-
-    cells = sketch_cells(union, margin, 1, LANES)
-    gen = torch.Generator().manual_seed(seed)
-    failures, residues = 0, []
-    for trial in tqdm(range(trials), desc="peel trials", file=sys.stderr, disable=trials < 10):
-        cands = _random_subset(n_items, union, gen).to(device)
-        spec = SketchSpec(cells, 1, seed * 1_000_003 + trial)
-        left = peel(spec, cands, torch.zeros((cells, 1), dtype=torch.int32, device=device)).residue
-        failures += bool(left.numel())
-        residues.append(left.numel())
-    return {
-        "peel_trials": trials,
-        "margin": margin,
-        "cells_per_candidate": cells / union,
-        "failures": failures,
-        "failure_rate": failures / trials,
-        "max_residue": max(residues) if residues else 0,
-    }
+def _device_line(case: dict) -> str:
+    """One line a person reads: the case, times against the device's memcpy, launches, exactness."""
+    launches = case["gpu_launches"] or {}
+    return (f"{case['device_name']}: {case['mode']} {case['density']:g} block {case['block']} layout "
+            f"{case['layout']}: encode {case['encode_s'] * 1e6:.0f} us = {case['encode_memcpy']:.2f} memcpy, "
+            f"decode {case['decode_s'] * 1e6:.0f} us = {case['decode_memcpy']:.2f} memcpy (memcpy "
+            f"{case['memcpy_s'] * 1e6:.0f} us), launches encode {launches.get('encode')} decode "
+            f"{launches.get('decode')}, peel rounds {case['peel_rounds']}, exact {case['exact']}")
 
 
 def _plot(cases: list[dict], path: str) -> None:
@@ -337,7 +343,8 @@ def run(args: argparse.Namespace) -> int:
 
     from host_agent.codec.native import KERNELS_VARIABLE, native_available
 
-    here = "native" if native_available() else "torch"
+    # on a GPU the CPU kernels do not run (the GPU path or LHC_CODEC_GPU=torch does): nothing to refuse
+    here = "native" if native_available() or args.device.startswith("cuda") else "torch"
     if "native" in args.kernels and here == "torch" and KERNELS_VARIABLE not in os.environ:
         print("lhc-bench codec: the compiled kernels are not built (pip install -e . with a C compiler);"
               " --kernels torch measures the torch code", file=sys.stderr)
@@ -350,12 +357,17 @@ def run(args: argparse.Namespace) -> int:
     combos = [(m, d, b) for d in densities for b in blocks for m in args.mode]
     cases = []
     if here in args.kernels:
+        combos = [(*combo, layout) for combo in combos for layout in args.layout
+                  if combo[0] == "sketch" or layout == args.layout[0]]  # the layout matters to sketch only
         progress = tqdm(combos, desc="codec cases", file=sys.stderr, disable=len(combos) < 2)
-        for mode, density, block in progress:
-            case = run_case(args, mode, density, block)
+        for mode, density, block, layout in progress:
+            with interpreter_for(args.device):
+                case = run_case(args, mode, density, block, layout)
             case["malloc_tuned"] = tuned
             cases.append(case)
             print(json.dumps(case), flush=True)
+            if args.device.startswith("cuda"):
+                print(_device_line(case), file=sys.stderr, flush=True)
     for kernels in args.kernels:
         if kernels != here:
             for case in _other_kernels(args.argv, kernels):

@@ -16,6 +16,10 @@ fail on every worker instead of adding its words to another call's. Any error th
 out of step (anything but an error every worker raises alike from aggregated words) fails the agent: every
 later call raises it, and the backend is told, so that the peers see this worker as gone and name it.
 
+A bucket on a GPU stays there: the agent's thread runs its codec on a stream of its own, ordered after
+the caller's work and before what the caller queues once the call completes (``host_agent.device_order``);
+only the messages' words cross to the host, through pinned buffers (``host_agent.codec.transfer``).
+
 Encoding overlaps the network: while a call waits for a round's results, the agent's thread encodes the
 first round of the next queued call (when that call's mode and state cannot change before it starts: it
 has another key, and it is not a call on which the workers agree their link estimate). Messages still
@@ -39,6 +43,8 @@ from host_agent.agent_backend import Backend, LinkEstimate
 from host_agent.auto import LINK_AGREE_EVERY, agreed_link, choose_mode, link_words
 from host_agent.codec import MODES, CodecState, Message, WorkerSession
 from host_agent.codec.output import OutputRange
+from host_agent.codec.sketch import resolve_layout
+from host_agent.device_order import DeviceOrder, caller_stream, on_stream, running
 from host_agent.errors import AggregationError
 from host_agent.seal import SealedRound
 from lhc_ina.constants import FRAME_BYTES, Op
@@ -70,6 +76,7 @@ class _Call:
     chosen: str = ""
     reason: str = ""
     prepared_ahead: bool = False
+    order: DeviceOrder | None = None  # a CUDA tensor's stream order (None on the CPU)
 
 
 class Agent:
@@ -97,6 +104,7 @@ class Agent:
         self._queue: deque[_Call] = deque()  # calls made and not yet started, in call order
         self._pending = 0  # calls made and not yet finished
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lhc-agent-{self.rank}")
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}  # the codec's stream per GPU
 
     @classmethod
     def join(cls, controller: str, job: str, *, mode: str = "auto", block: int = 1,
@@ -162,7 +170,8 @@ class Agent:
         OutputRange.of(output_range, tensor.numel())  # a bad range fails here, not on the agent's thread
         key = (tensor.numel(), tensor.dtype) if key is None else key
         with self._lock:  # queue and submit together: the n-th submission runs the n-th queued call
-            call = _Call(self._calls, tensor, mode, key, block or self.block, output_range)
+            call = _Call(self._calls, tensor, mode, key, block or self.block, output_range,
+                         order=DeviceOrder.of(tensor, self._streams))
             self._calls += 1
             self._queue.append(call)
             self._pending += 1
@@ -172,12 +181,18 @@ class Agent:
                                **options: Any) -> torch.futures.Future:
         """:meth:`allreduce_async` as the torch Future that DDP's hook and a torch.distributed ``Work``
         must return (they take no other kind), holding ``finish(result)``; an error (or one ``finish``
-        raises) is the future's exception, raised where the caller waits."""
-        handed: torch.futures.Future = torch.futures.Future()
+        raises) is the future's exception, raised where the caller waits. For a CUDA tensor the future is
+        CUDA-aware (the caller's stream waits for the event its result records) and ``finish`` runs on the
+        caller's stream, which already waits for the codec's work."""
+        devices = [tensor.device] if tensor.device.type == "cuda" else None
+        handed: torch.futures.Future = torch.futures.Future(devices=devices)
+        caller = caller_stream(tensor)
 
         def complete(done: Future[AllreduceResult]) -> None:  # hand-off 3, on the agent's thread
             try:
-                handed.set_result(finish(done.result()))
+                result = done.result()
+                with on_stream(caller):
+                    handed.set_result(finish(result))
             except Exception as exc:
                 handed.set_exception(exc)
 
@@ -194,7 +209,11 @@ class Agent:
             if call.session is None:
                 self._prepare(call)
             assert call.session is not None
-            return self._drive(call, call.session)
+            with running(call.order):
+                result = self._drive(call, call.session)
+            if call.order is not None:
+                call.order.hand_back(result.total)
+            return result
         except AggregationError as error:
             if not error.collective:
                 self._fail(error)
@@ -222,14 +241,16 @@ class Agent:
         if call.mode == "auto":
             if call.number % LINK_AGREE_EVERY == 0:
                 self._agree_link()
-            choice = choose_mode(call.tensor.numel(), self.world_size, call.block, state, self._link)
+            layout = resolve_layout(self.codec_options.get("layout", "auto"), call.tensor.device)
+            choice = choose_mode(call.tensor.numel(), self.world_size, call.block, state, self._link, layout)
             call.chosen, call.reason = choice.mode, choice.reason
         # Phase times for the stats; on a GPU they would cost a synchronize per phase, so only on request.
         options = {"timing": call.tensor.device.type == "cpu", **self.codec_options}
         session = WorkerSession(call.tensor.reshape(-1), self.rank, self.world_size, mode=call.chosen,
                                 block=call.block, state=state, output_range=call.output_range, **options)
         call.session = session
-        session.advance()
+        with running(call.order):
+            session.advance()
 
     def _prepare_ahead(self, current: _Call) -> None:
         """Encode the next queued call's first round now, while ``current`` waits for the network, if

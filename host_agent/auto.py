@@ -41,8 +41,9 @@ class ModeChoice:
 
 
 def choose_mode(n: int, world_size: int, block: int, state: CodecState | None,
-                link: LinkEstimate | None) -> ModeChoice:
-    """The cheapest mode for a bucket of ``n`` elements (see the module docstring)."""
+                link: LinkEstimate | None, layout: str = "fused") -> ModeChoice:
+    """The cheapest mode for a bucket of ``n`` elements (see the module docstring); ``layout``: the
+    sketch's, resolved (``sketch.resolve_layout``)."""
     if state is None or state.items is None:
         return ModeChoice("sketch", "no density known for this bucket yet: sketch measures it", {})
     link = link or DEFAULT_LINK
@@ -50,7 +51,7 @@ def choose_mode(n: int, world_size: int, block: int, state: CodecState | None,
     items = max(1, min(state.items, n_items))
     spec = choose_index(n_items, items, 4.0 * block, seed=0, group=state.group)
     candidates = items + expected_false_positives(spec, items)
-    cells = sketch_cells(candidates, DEFAULT_MARGIN, block, LANES)
+    cells = sketch_cells(candidates, DEFAULT_MARGIN, block, LANES, layout)
     sizes = {
         "dense": 4.0 * n,
         "sketch": 4.0 * (spec.words + cells * block),

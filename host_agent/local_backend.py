@@ -14,6 +14,7 @@ import torch
 
 from host_agent.agent_backend import Backend
 from host_agent.codec import reduce_words
+from host_agent.codec.transfer import to_host
 from host_agent.errors import AggregationError
 from lhc_ina.constants import Op
 
@@ -66,4 +67,4 @@ class LocalBackend(Backend):
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
         index, self._sent = self._sent, self._sent + 1
-        return self.group.submit(self.rank, index, op, words.detach().cpu().clone())
+        return self.group.submit(self.rank, index, op, to_host(words.detach()).clone())

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from host_agent.agent_backend import Backend
+from host_agent.codec.transfer import to_host
 from lhc_ina.constants import Op
 
 
@@ -80,6 +81,8 @@ class ProcessGroupBackend(Backend):
         self.scheme = or_scheme(self.world_size, has_bor=device.type == "cpu")  # Gloo; NCCL has no BOR
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
+        if words.device.type == "cuda" and self.device.type == "cpu":  # a GPU bucket over Gloo
+            words = to_host(words.detach())
         words = words.to(self.device, torch.int32).contiguous()
         if op == Op.ADD:
             return self._all_reduce(words.clone(), dist.ReduceOp.SUM, lambda t: t)

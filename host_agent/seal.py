@@ -77,7 +77,7 @@ class SealedRound:
         last = messages[-1].words
         folded = messages[-1].op == Op.ADD and last.numel() % LANES != 0 and last.numel() <= FOLD_MAX_WORDS
         if folded:
-            wire[-1] = (Op.ADD, torch.cat([last, seal_words(tag)]))
+            wire[-1] = (Op.ADD, torch.cat([last, seal_words(tag).to(last.device)]))
         else:
             wire.append((Op.ADD, seal_words(tag)))
         return cls(call, round_, tag, messages, wire, folded)

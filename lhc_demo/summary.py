@@ -54,9 +54,11 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         "step_s": times,
         "bytes_per_step": {"dense": dense_bytes, "lhc": lhc_bytes},
         "aggregate_s": {name: steady_mean(runs[name][0]["aggregate_s"]) for name in ("dense", "lhc")},
-        # packets sent again over the whole run, all ranks: found from the results, by a timer, by a probe
+        # packets sent again over the whole run, all ranks: found from the results, by a timer, by a probe;
+        # and the packets of the whole run (first sends), all ranks
         "retransmissions": {name: {kind: sum(r["retransmissions"][kind] for r in runs[name])
                                    for kind in ("fast", "timer", "probe")} for name in ("dense", "lhc")},
+        "packets": {name: sum(r["packets"] for r in runs[name]) for name in ("dense", "lhc")},
         "final_loss": {"ddp": ddp_losses[-1], "dense": dense_losses[-1], "lhc": lhc_losses[-1]},
         # held-out ROC AUC (0.5 is chance): of the untrained model (the same in every run), after the
         # first step and after the last

@@ -95,6 +95,7 @@ def train(args: argparse.Namespace) -> dict:
     initial_auc = _held_out_auc(model.module, held_out)
     losses, step_s, wire_bytes, aggregate_s, auc = [], [], [], [], []
     retransmitted = {"fast": 0, "timer": 0, "probe": 0}
+    packets = 0
     for step in range(args.steps):
         users, items, clicked = data.batch(args.rank, step)
         started = time.perf_counter()
@@ -114,6 +115,7 @@ def train(args: argparse.Namespace) -> dict:
             retransmitted["fast"] += int(step_stats["fast_retransmissions"])
             retransmitted["timer"] += int(step_stats["timer_retransmissions"])
             retransmitted["probe"] += int(step_stats["tail_probes"])
+            packets += int(step_stats["packets"])
     every_rank: list[list[float]] = [[] for _ in range(args.world)]
     dist.all_gather_object(every_rank, losses)
     if state is not None:
@@ -127,6 +129,7 @@ def train(args: argparse.Namespace) -> dict:
         "bytes_per_step": wire_bytes,
         "aggregate_s": aggregate_s,
         "retransmissions": retransmitted,
+        "packets": packets,
         "initial_auc": initial_auc,
         "auc": auc,
         "config": config.to_dict(),

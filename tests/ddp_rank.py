@@ -4,12 +4,14 @@ parameters and the largest gradient seen.
 
     python tests/ddp_rank.py RANK WORLD MASTER OUT --hook none|pg|switch|backend [--controller A --job J]
         [--steps N] [--integer] [--save-at K PREFIX] [--resume PREFIX] [--device cpu|cuda]
-        [--amp [--overflow-at K]]
+        [--backend gloo|nccl] [--amp [--overflow-at K]]
 
 ``--amp`` trains under autocast with a GradScaler (bfloat16 on CPU, float16 on CUDA) and saves the scale
 after every step; ``--overflow-at K`` makes rank 1's loss infinite at step K, as an fp16 overflow would.
 ``--hook backend`` registers no hook: the process group is the ``lhc`` backend (its job, if any, from
-the environment), through which plain DDP's allreduce goes.
+the environment), through which plain DDP's allreduce goes. ``--backend gloo`` keeps DDP's own
+collectives on Gloo with CUDA buckets (two ranks on one GPU, which NCCL refuses); the hook's buckets go
+through lhc either way. Ranks share the GPUs there are (rank % count).
 """
 
 from __future__ import annotations
@@ -66,12 +68,15 @@ def main() -> None:
     parser.add_argument("--save-at", nargs=2)
     parser.add_argument("--resume")
     parser.add_argument("--device", default="cpu", help="cuda runs on NCCL, cpu on Gloo")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], help="DDP's process group (default by device)")
     parser.add_argument("--amp", action="store_true")
     parser.add_argument("--overflow-at", type=int, default=-1)
     args = parser.parse_args()
     torch.manual_seed(0)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    backend = "nccl" if args.device == "cuda" else "gloo"
+    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    if args.device == "cuda":
+        torch.cuda.set_device(args.rank % torch.cuda.device_count())
     if args.hook == "backend":
         import host_agent.torch_backend  # noqa: F401 - registers "lhc"
 
@@ -121,7 +126,9 @@ def main() -> None:
         state.close()
     params = [p.detach().cpu().clone() for p in model.parameters()]
     aggregated = dict(getattr(dist.group.WORLD, "aggregated", {}))  # the lhc backend's count
-    torch.save({"params": params, "largest_grad": largest, "scales": scales, "lhc": aggregated}, args.out)
+    codec = state.agent.last_stats["codec_kernels"] if state is not None and state.agent.last_stats else None
+    torch.save({"params": params, "largest_grad": largest, "scales": scales, "lhc": aggregated,
+                "codec_kernels": codec}, args.out)
     dist.destroy_process_group()
 
 

@@ -16,6 +16,7 @@ import torch
 from benchmarks import aggregate
 from benchmarks.aggregate_gloo import float_sum_check
 from benchmarks.cli import main
+from host_agent.codec.gpu import triton_available
 
 CODEC_FIELDS = {
     "encode_s", "decode_s", "memcpy_s", "bytes_per_worker", "dense_bytes", "info_bound_bytes", "exact",
@@ -40,6 +41,11 @@ def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys):
         assert case["bytes_per_worker"] > 0 and case["info_bound_bytes"] > 0
         assert "decode.output" in case["stage_s"] and case["simd"] in ("avx2", "scalar")
         assert sum(case["stage_s"].values()) <= case["decode_s"] * (1 + 1e-9)  # one repeat: parts of it
+        if triton_available():  # the GPU path's launches, counted in Triton's interpreter
+            assert set(case["gpu_launches"]) == {"encode", "decode", "transfer"}
+            assert 0 < case["gpu_launches"]["decode"] <= 64
+        else:
+            assert case["gpu_launches"] is None
     assert {c["mode"] for c in cases} == {"sketch", "union", "dense"}
     assert trials["peel_trials"] == 3
     assert trials["failures"] == 0, "peeling failed at the default margin (0 in 1000 trials measured)"

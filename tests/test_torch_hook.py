@@ -163,3 +163,15 @@ def test_the_hook_runs_with_nccl(tmp_path: Path) -> None:
     plain = train(tmp_path, "none", "--integer", "--device", "cuda", world=1)
     hooked = train(tmp_path, "pg", "--integer", "--device", "cuda", world=1)
     assert_same_params(hooked, plain)
+
+
+@pytest.mark.gpu
+def test_cuda_buckets_through_softswitch_give_the_cpu_run(tmp_path: Path, stack) -> None:
+    """Two ranks on the one GPU (DDP's own collectives on Gloo), every bucket on the GPU: the codec's GPU
+    path encodes and decodes it there, only the packets' words cross to the host, and softswitch adds
+    them. Integer gradients: the parameters of the CPU run, bit for bit."""
+    cpu = train(tmp_path, "none", "--integer", tag="-cpu")
+    cuda = train(tmp_path, "switch", "--integer", "--device", "cuda", "--backend", "gloo", stack=stack,
+                 tag="-cuda")
+    assert all(run["codec_kernels"] == "triton" for run in cuda), [run["codec_kernels"] for run in cuda]
+    assert_same_params(cuda, cpu)

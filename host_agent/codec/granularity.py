@@ -16,9 +16,11 @@ large the bucket.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
+from . import gpu
 from .index import choose_index, expected_false_positives, group_entries
 
 GROUPS = (1, 2, 4, 8, 16, 32, 64)
@@ -37,12 +39,43 @@ def _sample(cands: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     none (the union lies between them)."""
     k = cands.numel()
     if k > _WINDOWS * _WINDOW:
-        starts = torch.linspace(0, k - _WINDOW, _WINDOWS, device=cands.device).long()
+        starts = torch.tensor(_window_starts(k), device=cands.device)
         at = (starts.unsqueeze(1) + torch.arange(_WINDOW, device=cands.device)).view(-1)
         sample = torch.masked_select(cands.gather(0, at), _nonzero_rows(values.index_select(0, at)))
         if sample.numel():
             return sample
     return cands[_nonzero_rows(values)]
+
+
+def _window_starts(k: int) -> list[int]:
+    """First candidate of each sampled window (computed on the CPU, so every device samples alike)."""
+    with gpu.on_host():
+        return torch.linspace(0, k - _WINDOW, _WINDOWS).long().tolist()
+
+
+def _counts_triton(cands: torch.Tensor, values: torch.Tensor) -> tuple[int, int, Callable[[int], int]]:
+    """:func:`_counts` by one kernel on the GPU path (``gpu_decode.group_counts``)."""
+    from .gpu_decode import group_counts
+
+    k = cands.numel()
+    whole = list(range(0, k, _WINDOW))
+    union, size, grouped = group_counts(cands, values, _window_starts(k) if k > _WINDOWS * _WINDOW else whole,
+                                        _WINDOW)
+    if union and not size:  # the union lies between the windows: count all of it
+        union, size, grouped = group_counts(cands, values, whole, _WINDOW)
+    return union, size, grouped.__getitem__
+
+
+def _counts(cands: torch.Tensor, values: torch.Tensor) -> tuple[int, int, Callable[[int], int]]:
+    """(union, sample size, entries the sample takes in groups of g): what the choice reads."""
+    if gpu.on_path():
+        return _counts_triton(cands, values)
+    counted = values if values.shape[1] == 1 else _nonzero_rows(values)
+    union = int(torch.count_nonzero(counted))
+    if union == 0:
+        return 0, 0, lambda group: 0
+    sample = _sample(cands, values)
+    return union, sample.numel(), lambda group: group_entries(sample, group).numel()
 
 
 def choose_group(n_items: int, cands: torch.Tensor, values: torch.Tensor, bytes_per_candidate: float
@@ -54,17 +87,15 @@ def choose_group(n_items: int, cands: torch.Tensor, values: torch.Tensor, bytes_
     round), so it is not priced. Only the union's size reads every candidate (in one pass, no mask at
     block 1); the groups are counted in the sample.
     """
-    counted = values if values.shape[1] == 1 else _nonzero_rows(values)
-    union = int(torch.count_nonzero(counted))
+    union, size, entries = _counts(cands, values)
     if union == 0:
         return 1, 0
-    sample = _sample(cands, values)
     best: tuple[float, int, int] | None = None
     for group in GROUPS:
         if group > n_items:
             break
-        grouped = group_entries(sample, group).numel()
-        candidates = min(n_items, math.ceil(grouped * union / sample.numel()) * group)
+        grouped = entries(group)
+        candidates = min(n_items, math.ceil(grouped * union / size) * group)
         if group > 1 and candidates > 2 * union:
             break
         spec = choose_index(n_items, candidates, bytes_per_candidate, seed=0, group=group)

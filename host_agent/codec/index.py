@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import gpu
 from .bits import pack_bits, set_bits, words_from_positions
 from .hashing import MASK32, hash_items, mix32, reduce_range
 from .native import kernel_threads, native, require_native
@@ -193,6 +194,11 @@ def _bloom_slots(spec: IndexSpec, items: torch.Tensor) -> tuple[torch.Tensor, to
 
 def encode_index(spec: IndexSpec, items: torch.Tensor) -> torch.Tensor:
     """This worker's index words (int32) for its sorted, distinct item numbers."""
+    if gpu.on_path():  # one kernel ORs every item's bit or pattern (an entry met twice ORs it again)
+        from .gpu_encode import encode_index as encode_index_triton
+
+        masks = _patterns(spec.k, items.device)[0] if spec.kind == "bloom" else None
+        return encode_index_triton(spec.kind, items, spec.group, spec.words, spec.seed & MASK32, masks)
     entries = group_entries(items, spec.group)
     if spec.kind == "bitmap":
         return words_from_positions(entries, spec.words)
@@ -205,6 +211,8 @@ def encode_index(spec: IndexSpec, items: torch.Tensor) -> torch.Tensor:
 
 def query_index(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
     """Sorted candidate item numbers (int64) of an aggregated index: every item that may be held."""
+    if gpu.on_path():
+        return query_index_triton(spec, words)
     if spec.kind == "bitmap":
         entries = set_bits(words)
         # sorted: only a tail beyond the last entry (the last word's padding, set by no worker) can be wrong
@@ -215,6 +223,17 @@ def query_index(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
     else:
         entries = query_bloom_chunks(spec, words)
     return expand_groups(entries, spec.group, spec.n_items)
+
+
+def query_index_triton(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
+    """:func:`query_index` on the GPU path: the Bloom filter's hit bits (one kernel) or the bitmap, then
+    their items, groups expanded (two kernels)."""
+    from .gpu_decode import set_bit_items
+    from .gpu_encode import bloom_hits
+
+    if spec.kind == "bloom":
+        words = bloom_hits(words, spec.entries, spec.seed & MASK32, _patterns(spec.k, words.device)[0])
+    return set_bit_items(words, spec.entries, spec.group, spec.n_items)
 
 
 def query_bloom_native(spec: IndexSpec, words: torch.Tensor, threads: int | None = None) -> torch.Tensor:

@@ -59,6 +59,7 @@ def aggregate_local(
     state: CodecState | None = None,
     supports: Sequence[torch.Tensor] | None = None,
     outs: Sequence[torch.Tensor] | None = None,
+    worker_options: Sequence[dict] | None = None,
     **options,
 ) -> AggregateResult:
     """Aggregate one bucket over ``len(inputs)`` in-process workers; ``total`` is exactly their sum.
@@ -67,7 +68,9 @@ def aggregate_local(
     ``mode``: "sketch", "union" or "dense". ``block``: elements per item. ``state``: the previous
     round's ``result.state`` for this bucket (sizes the index and sketch, and the scale, from it).
     ``supports``: per worker, the element indices of its nonzeros, if known (encoding is then O(nnz)).
-    ``outs``: per worker, a preallocated output (may be the input itself). Other ``options`` go to
+    ``outs``: per worker, a preallocated output (may be the input itself). ``worker_options``: per worker,
+    options of its own (the local ones: ``timing``, ``kernels``, ``count_launches``; a shared one that
+    differs makes the workers disagree, as it should). Other ``options`` go to
     :class:`WorkerSession` (``expected_items``, ``margin``, ``headroom``, ``seed``, ``index``,
     ``cells``, ``timing``, ``check_support``). Raises AggregationError when the workers do (the same
     error on every worker, checked).
@@ -78,6 +81,8 @@ def aggregate_local(
         raise ValueError("supports must hold one tensor per worker")
     if outs is not None and len(outs) != world:
         raise ValueError("outs must hold one tensor per worker")
+    if worker_options is not None and len(worker_options) != world:
+        raise ValueError("worker_options must hold one dict per worker")
     sessions = [
         WorkerSession(
             x,
@@ -88,7 +93,7 @@ def aggregate_local(
             state=state,
             support=None if supports is None else supports[rank],
             out=None if outs is None else outs[rank],
-            **options,
+            **{**options, **(worker_options[rank] if worker_options is not None else {})},
         )
         for rank, x in enumerate(inputs)
     ]

@@ -20,6 +20,8 @@ and values (tested against each other):
   ``gather``, ``scatter_add_`` and ``index_select`` on 1-D tensors are several times faster than advanced
   indexing (``t[idx]``) and a sort, so the loop uses only those. In the fused layout the rounds follow
   the wave along the chain of segments: hundreds of small rounds;
+* ``gpu_peel.py``, on the GPU path: the same rounds in one persistent Triton kernel, a grid-wide barrier
+  between rounds instead of a host round trip and several launches per round;
 * ``peel_kernels.c``, a compiled kernel for CPU tensors, built when the package is installed with a C
   compiler present: candidates inserted start segment by start segment, and each segment peeled as soon
   as no later candidate can touch it, so that the peeling follows the insertion as a wave through a
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import gpu
 from .arith import wrap_int32
 from .native import kernel_threads, native, require_native
 from .sketch import SketchSpec, cell_ids
@@ -43,7 +46,7 @@ from .sketch import SketchSpec, cell_ids
 class PeelResult:
     values: torch.Tensor  # (K, block) int32: recovered sums, zero where not peeled
     peeled: torch.Tensor  # (K,) bool
-    rounds: int | None  # parallel rounds of the torch code; None from the compiled kernel
+    rounds: int | None  # parallel rounds of the torch code or the GPU kernel; None from the CPU kernel
     complete: bool | None = None  # whether every candidate was peeled, where already counted
 
     @property
@@ -61,6 +64,10 @@ _POS_MASK = (1 << _SHIFT) - 1
 def peel(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> PeelResult:
     """Peel the aggregated sketch ``cells`` ((spec.cells, block) int32) over the candidate ``items`` (int64,
     distinct). Neither input is modified."""
+    if gpu.on_path():
+        from .gpu_peel import peel as peel_triton
+
+        return peel_triton(spec, items, cells)
     if cells.device.type == "cpu" and native is not None:
         return peel_native(spec, items, cells)
     return peel_parallel(cell_ids(spec, items), cells)

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
+from . import launches
+
 
 class PhaseClock:
-    """Encode and decode time, when asked for (on CUDA it synchronizes the device around each phase).
+    """Encode and decode time, when asked for (on CUDA it waits for the current stream around each phase).
 
     A timed block may also name its stage (``clock("decode", "peel")``): ``stages`` then holds the
-    seconds of each ``"phase.stage"``, the profile ``lhc-bench codec`` prints beside the totals."""
+    seconds of each ``"phase.stage"``, the profile ``lhc-bench codec`` prints beside the totals. Device
+    operations counted in a block (:mod:`.launches`) count for its phase, timed or not."""
 
     def __init__(self, enabled: bool, device: torch.device) -> None:
         self.enabled = enabled
@@ -24,15 +27,20 @@ class PhaseClock:
 
     @contextmanager
     def __call__(self, phase: str, stage: str | None = None) -> Iterator[None]:
-        if not self.enabled:
-            yield
-            return
+        counter = launches.active()
+        with counter.in_phase(phase) if counter is not None else nullcontext():
+            if not self.enabled:
+                yield
+                return
+            yield from self._timed(phase, stage)
+
+    def _timed(self, phase: str, stage: str | None) -> Iterator[None]:
         if self.sync:
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
         start = time.perf_counter()
         yield
         if self.sync:
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
         elapsed = time.perf_counter() - start
         self.seconds[phase] += elapsed
         if stage is not None:

@@ -29,6 +29,7 @@ import torch
 
 from lhc_ina.constants import LANE_BYTES, LANES, Op
 
+from . import gpu
 from .agreement import agreement_words, check_agreement
 from .granularity import choose_group
 from .hashing import derive_seed
@@ -43,19 +44,17 @@ from .quantize import (
     HEADER_WORDS,
     MAX_FIELD,
     SCALE_SLACK,
-    check_sum_range,
-    dequantize,
     exponent_field,
     header_words,
     int_in_bound,
     nonfinite_ranks,
     parse_header,
-    quantize,
     scale_for,
     scale_holds,
 )
-from .sketch import SketchSpec, cells_per_candidate, encode_sketch, sketch_cells
+from .sketch import SketchSpec, cells_per_candidate, sketch_cells
 from .state import BucketShape, CodecState
+from .steps import Steps
 
 Results = dict[str, torch.Tensor]  # a completed round's reduced words, by message kind
 
@@ -80,7 +79,7 @@ class Outcome:
     state: CodecState
 
 
-class Rounds:
+class Rounds(Steps):
     """The protocol state of one worker for one aggregation (see the module docstring)."""
 
     def __init__(
@@ -96,10 +95,12 @@ class Rounds:
         out: torch.Tensor | None,
         output_range: OutputRange,
         clock: PhaseClock,
+        triton: bool = False,
     ) -> None:
         self.x, self.rank, self.world, self.opts, self.state = x, rank, world_size, options, state
         self.shape, self.output_range = shape, output_range
         self.digest, self.support, self.out, self.clock = digest, support, out, clock
+        self.triton = triton  # the GPU path: its kernels fuse the scan's statistics, quantizing, the output
         self.block = options.block
         self.is_float = x.dtype in FLOAT_DTYPES
         self.n_items = item_count(x.numel(), self.block)
@@ -123,19 +124,25 @@ class Rounds:
         self.item_sum = check_agreement(words, self.world)
 
     def _agree(self, items: int) -> tuple[Op, str, torch.Tensor]:
-        return Op.ADD, "agree", agreement_words(self.rank, self.digest, items, self.x.device)
+        with gpu.on_host():
+            words = agreement_words(self.rank, self.digest, items, torch.device("cpu"))
+        return Op.ADD, "agree", gpu.send(words, self.x.device)
 
     def _header(self, values: torch.Tensor, support_complete: bool = True) -> torch.Tensor:
         field, finite, in_bound = None, True, True
         if self.is_float:
             field, finite = exponent_field(values)
-            self.finite = finite
         else:
             in_bound = int_in_bound(values, self.world)
-        return header_words(
-            field, self.rank, finite=finite, in_bound=in_bound, support_complete=support_complete,
-            device=self.x.device,
-        )
+        return self._header_of(field, finite, in_bound, support_complete)
+
+    def _header_of(self, field: int | None, finite: bool, in_bound: bool, support_complete: bool = True
+                   ) -> torch.Tensor:
+        self.finite = finite
+        with gpu.on_host():
+            words = header_words(field, self.rank, finite=finite, in_bound=in_bound,
+                                 support_complete=support_complete, device=torch.device("cpu"))
+        return gpu.send(words, self.x.device)
 
     def _assumed_field(self) -> int | None:
         if not self.is_float or self.state.exponent is None:
@@ -150,22 +157,6 @@ class Rounds:
             self.assumed = None
         self.scale = scale_for(self.agreed if self.assumed is None else self.assumed, self.world)
 
-    def _quantize(self, rows: torch.Tensor, clamp: bool = False) -> torch.Tensor:
-        if not self.is_float:
-            return rows
-        if not self.finite:  # only beside the header, which tells every worker to discard these words
-            return torch.zeros(rows.shape, dtype=torch.int32, device=rows.device)
-        assert self.scale is not None
-        return quantize(rows, self.scale, clamp)
-
-    def _dequantize(self, summed: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-        """``part`` of the integer sums ``summed`` in the output dtype. Whether the sum overflows it is
-        read from all of ``summed``, so that every worker raises alike whatever its output range."""
-        if not self.is_float:
-            return part
-        check_sum_range(summed, self.scale or 0, self.agreed, self.world, self.x.dtype)
-        return dequantize(part, self.scale or 0, self.x.dtype)
-
     def _output(self) -> torch.Tensor:
         """Where the total goes (not zeroed: every caller writes all of it)."""
         return self.x.new_empty(self.output_range.size) if self.out is None else self.out
@@ -174,8 +165,10 @@ class Rounds:
         """Read the OR of the headers; True when some worker's input was not finite (the caller then
         ends the aggregation with :meth:`_nonfinite_outcome`)."""
         with self.clock("decode"):
-            self.nonfinite = nonfinite_ranks(words)
-            self.agreed = parse_header(words, self.world)
+            host = gpu.read_back(words[:HEADER_WORDS])
+            with gpu.on_host():
+                self.nonfinite = nonfinite_ranks(host)
+                self.agreed = parse_header(host, self.world)
         return bool(self.nonfinite)
 
     def _nonfinite_outcome(self) -> Outcome:
@@ -194,15 +187,18 @@ class Rounds:
     # --- sketch and union --------------------------------------------------------------------------
     def _sparse_start(self) -> Round:
         with self.clock("encode"):
-            if self.support is not None:
-                self.items = support_items(self.support.to(self.x.device), self.block)
-                self.rows = gather_items(self.x, self.items, self.block)
+            if self.triton and self.support is None:  # one scan finds the items and the header's figures
+                header = self._scan_triton()
             else:
-                self.items, self.rows = nonzero_rows(self.x, self.block)
-            complete = True
-            if self.support is not None and self.opts.check_support:
-                complete = int(torch.count_nonzero(self.x)) == int(torch.count_nonzero(self.rows))
-            header = self._header(self.rows, complete)
+                if self.support is not None:
+                    self.items = support_items(self.support.to(self.x.device), self.block)
+                    self.rows = gather_items(self.x, self.items, self.block)
+                else:
+                    self.items, self.rows = nonzero_rows(self.x, self.block)
+                complete = True
+                if self.support is not None and self.opts.check_support:
+                    complete = int(torch.count_nonzero(self.x)) == int(torch.count_nonzero(self.rows))
+                header = self._header(self.rows, complete)
         agree = self._agree(self.items.numel())
         expected = self.opts.expected_items
         if expected is None:
@@ -235,13 +231,15 @@ class Rounds:
         opts, block = self.opts, self.block
         iteration = self.state.iteration
         sketch = opts.mode == "sketch"
-        value_bytes = LANE_BYTES * block * (cells_per_candidate(expected, opts.margin) if sketch else 1)
+        layout = opts.layout
+        per_candidate = cells_per_candidate(expected, opts.margin, layout) if sketch else 1
+        value_bytes = LANE_BYTES * block * per_candidate
         index_seed = derive_seed(opts.seed, iteration, 1)
         spec = choose_index(self.n_items, expected, value_bytes, index_seed, opts.index, self.state.group)
         candidates = expected + expected_false_positives(spec, expected)
         cells = 0
         if sketch:
-            cells = opts.cells or sketch_cells(candidates, opts.margin, block, LANES)
+            cells = opts.cells or sketch_cells(candidates, opts.margin, block, LANES, layout)
         payload = cells * block if sketch else candidates * block
         header_words = 0 if header is None else HEADER_WORDS
         # Compared in whole packets, as they go on the wire: for a tiny bucket the index and the values
@@ -257,11 +255,10 @@ class Rounds:
                 self.header_in_index = True
             messages = [*prefix, (Op.OR, "index", index_words)]
             if sketch:
-                self.sketch = SketchSpec(cells, block, derive_seed(opts.seed, iteration, 2))
+                self.sketch = SketchSpec(cells, block, derive_seed(opts.seed, iteration, 2), layout)
                 if self.is_float and self.scale is None:
                     self.scale = scale_for(self.assumed, self.world)
-                q = self._quantize(self.rows, clamp=self.assumed is not None)
-                messages.append((Op.ADD, "sketch", encode_sketch(self.sketch, self.items, q)))
+                messages.append((Op.ADD, "sketch", self._sketch_words(clamp=self.assumed is not None)))
         return Round(messages, self._after_index)
 
     def _after_index(self, res: Results) -> Round | Outcome:
@@ -284,7 +281,7 @@ class Rounds:
             if not self.left.numel():
                 return self._finish_sparse()
             with self.clock("encode"):
-                q = self._quantize(gather_items(self.x, self.cands[self.left], self.block))
+                q = self._candidate_values(self.cands[self.left])
             return Round([(Op.ADD, "residue", q)], self._after_residue)
         # union mode, or a sketch quantized at a scale that did not hold: every candidate's value, at
         # the scale of the one rule (the agreed scale after a redo)
@@ -296,7 +293,7 @@ class Rounds:
             self.values = torch.zeros((0, self.block), dtype=torch.int32, device=self.x.device)
             return self._finish_sparse()
         with self.clock("encode"):
-            q = self._quantize(gather_items(self.x, self.cands, self.block))
+            q = self._candidate_values(self.cands)
         return Round([(Op.ADD, "values", q)], self._after_values)
 
     def _after_residue(self, res: Results) -> Outcome:
@@ -309,10 +306,13 @@ class Rounds:
 
     def _finish_sparse(self) -> Outcome:
         with self.clock("decode", "output"):
-            run = self.output_range.candidates(self.cands, self.block)
-            rows = self._dequantize(self.values, self.values[run])
-            total = self._output()
-            self.output_range.fill(total, self.cands[run], rows, self.block)
+            if self.triton:
+                total, rows = self._fill_triton()
+            else:
+                run = self.output_range.candidates(self.cands, self.block)
+                rows = self._dequantize(self.values, self.values[run])
+                total = self._output()
+                self.output_range.fill(total, self.cands[run], rows, self.block)
         with self.clock("decode", "granularity"):
             per_candidate = self.sketch.cells / max(1, len(self.cands)) if self.sketch else 1
             cost = LANE_BYTES * self.block * per_candidate

@@ -59,6 +59,7 @@ failure: every worker's total is then all NaN (``stats["nonfinite_ranks"]`` name
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable
@@ -69,6 +70,7 @@ import torch
 from host_agent.errors import AggregationError
 from lhc_ina.constants import FRAME_BYTES, LANES, MAX_WORKERS, PAYLOAD_BYTES
 
+from . import gpu, launches
 from .agreement import parameter_digest
 from .items import check_support_indices
 from .native import kernels_in_use
@@ -77,8 +79,9 @@ from .output import OutputRange
 from .phase_clock import PhaseClock
 from .protocol import Outcome, Results, Round, Rounds
 from .quantize import FLOAT_DTYPES, INT_DTYPES
-from .sketch import DEFAULT_MARGIN
+from .sketch import DEFAULT_MARGIN, resolve_layout
 from .state import BucketShape, CodecState, Message, WorkerResult
+from .transfer import to_device
 
 _T = TypeVar("_T")
 PROTOCOL_VERSION = 4  # part of the agreement digest: workers running different codecs disagree
@@ -130,6 +133,9 @@ class WorkerSession:
         out: torch.Tensor | None = None,
         timing: bool = False,
         check_support: bool = True,
+        layout: str = "auto",
+        kernels: str = "auto",
+        count_launches: bool = False,
     ) -> None:
         check_input(x)
         if not is_int(world_size) or not 1 <= world_size <= MAX_WORKERS:
@@ -137,8 +143,12 @@ class WorkerSession:
         if not is_int(rank) or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank!r} is outside 0..{world_size - 1}")
         options = Options(
-            mode, block, expected_items, margin, headroom, seed, index, cells, timing, check_support
+            mode, block, expected_items, margin, headroom, seed, index, cells, timing, check_support, layout,
+            kernels, count_launches,
         )
+        # resolved before the digest: workers that resolve it apart disagree at the agreement message
+        options = dataclasses.replace(options, layout=resolve_layout(options.layout, x.device))
+        self._path = gpu.choose_path(x.device, options.kernels)
         output = OutputRange.of(output_range, x.numel())
         if out is not None and (out.shape != (output.size,) or out.dtype != x.dtype
                                 or out.device != x.device):
@@ -160,8 +170,9 @@ class WorkerSession:
         self.x, self.rank, self.world_size, self.options, self.state = x, rank, world_size, options, state
         digest = parameter_digest(("lhc-codec", PROTOCOL_VERSION, world_size, shape, options.shared(), state))
         self._clock = PhaseClock(timing, x.device)
+        self._launches = launches.LaunchCounter(x.device) if count_launches else None
         self._rounds = Rounds(x, rank, world_size, options, state, digest, shape, support, out, output,
-                              self._clock)
+                              self._clock, triton=self._path == "triton")
         if reset:
             self._rounds.stats["state_reset"] = reset
         self._next: Round | None = None  # the round whose results are being collected
@@ -241,15 +252,18 @@ class WorkerSession:
         self._raise_if_failed()
         if not self.can_advance:
             return False
-        if not self._started:
-            self._started = True
-            step = self._guarded(self._rounds.start)
-        else:
-            assert self._next is not None
-            device = self.x.device
-            results = {kind: words.to(device) for kind, words in self._results.items()}
-            self._results = {}
-            step = self._guarded(self._next.then, results)
+        with gpu.path(self._path):
+            if not self._started:
+                self._started = True
+                with launches.counting(self._launches, "encode"):
+                    step = self._guarded(self._rounds.start)
+            else:
+                assert self._next is not None
+                with launches.counting(self._launches, "transfer"):
+                    results = {kind: to_device(words, self.x.device) for kind, words in self._results.items()}
+                self._results = {}
+                with launches.counting(self._launches, "decode"):
+                    step = self._guarded(self._next.then, results)
         if isinstance(step, Outcome):
             self._next = None
             self._finish(step)
@@ -303,6 +317,8 @@ class WorkerSession:
             "encode_s": seconds["encode"],
             "decode_s": seconds["decode"],
             "stage_s": dict(self._clock.stages) if self._clock.enabled else None,
-            "kernels": kernels_in_use(self.x.device.type),
+            "kernels": "triton" if self._path == "triton" else kernels_in_use(self.x.device.type),
+            "layout": self.options.layout,
+            "gpu_launches": None if self._launches is None else dict(self._launches.counts),
         }
         self._result = WorkerResult(outcome.total, stats, outcome.state)

@@ -15,6 +15,10 @@ Two layouts, both derived from the agreed number of cells alone, so every worker
   segments are also the partitions that keep decoding in cache: an item's cells lie within 4 consecutive
   segments, so items taken in order of their start touch a window of a few segments at a time.
 
+A job may ask for the plain layout at every size (``layout="plain"``, a job property: every worker must
+agree): its peeling takes ~30 parallel rounds at the default case where the fused layout's wave takes
+~730, which is what bounds a GPU's peel (docs/codec.md), for ~10% more bytes.
+
 Capacity: ``threshold(K) * (1 + margin)`` cells per expected candidate (plus slack), rounded up to fill
 whole packets; ``threshold`` is the measured peeling threshold of the layout at that size.
 """
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import gpu
 from .arith import wrap_int32
 from .hashing import derive_seed, hash_items, reduce_range
 from .native import kernel_threads, native
@@ -43,6 +48,16 @@ FUSE_MIN_CELLS = 1 << 14
 _FUSE_FLOOR, _FUSE_BASE, _FUSE_SCALE = 1.065, 1.006, 2.1
 _FUSE_SLACK = 64
 _START_TAG = 15  # derive_seed purpose of the start-segment hash (tables use 0..arity-1)
+#: The layouts a job may ask for: ``fused`` from FUSE_MIN_CELLS up (plain below), or ``plain`` always.
+LAYOUTS = ("fused", "plain")
+
+
+def resolve_layout(layout: str, device: torch.device) -> str:
+    """``auto`` is plain for a CUDA tensor (its peel takes ~30 rounds where the fused wave takes ~730),
+    fused otherwise; a named layout stands."""
+    if layout != "auto":
+        return layout
+    return "plain" if device.type == "cuda" else "fused"
 
 
 def fuse_starts(cells: int) -> int:
@@ -58,10 +73,11 @@ class SketchSpec:
     cells: int
     block: int
     seed: int
+    layout: str = "fused"
 
     @property
     def fused(self) -> bool:
-        return self.cells >= FUSE_MIN_CELLS
+        return self.layout == "fused" and self.cells >= FUSE_MIN_CELLS
 
     @property
     def arity(self) -> int:
@@ -95,14 +111,16 @@ def fuse_threshold(candidates: float) -> float:
     return max(_FUSE_FLOOR, _FUSE_BASE + _FUSE_SCALE / math.sqrt(math.sqrt(max(1.0, candidates))))
 
 
-def sketch_cells(expected_candidates: float, margin: float, block: int, lanes: int) -> int:
+def sketch_cells(expected_candidates: float, margin: float, block: int, lanes: int, layout: str = "fused"
+                 ) -> int:
     """Cells for ``expected_candidates``: the layout's threshold * (1 + margin) per candidate + slack,
-    packet-filled. The fused rule applies where it gives a fused sketch, the plain one below."""
+    packet-filled. The fused rule applies where it gives a fused sketch, the plain one below (and
+    always in the plain layout)."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, not {margin}")
     k = max(0.0, expected_candidates)
     want = fuse_threshold(k) * (1.0 + margin) * k + _FUSE_SLACK
-    if want < FUSE_MIN_CELLS:
+    if want < FUSE_MIN_CELLS or layout == "plain":
         want = PEEL_THRESHOLD * (1.0 + margin) * k + 3.0 * math.sqrt(k) + 3 * TABLES
     cells = TABLES * math.ceil(want / TABLES)
     # Whole packets cost the same whether full or not: use the room.
@@ -110,12 +128,14 @@ def sketch_cells(expected_candidates: float, margin: float, block: int, lanes: i
     return max(cells, TABLES * (words // block // TABLES))
 
 
-def cells_per_candidate(expected_candidates: float, margin: float) -> float:
+def cells_per_candidate(expected_candidates: float, margin: float, layout: str = "fused") -> float:
     """Sketch cells per extra candidate at this size (the layout's rate, slack aside), for the index's
     cost model."""
     k = max(0.0, expected_candidates)
     fused = fuse_threshold(k) * (1.0 + margin)
-    return fused if fused * k + _FUSE_SLACK >= FUSE_MIN_CELLS else PEEL_THRESHOLD * (1.0 + margin)
+    if layout == "fused" and fused * k + _FUSE_SLACK >= FUSE_MIN_CELLS:
+        return fused
+    return PEEL_THRESHOLD * (1.0 + margin)
 
 
 def cell_ids(spec: SketchSpec, items: torch.Tensor) -> torch.Tensor:
@@ -135,8 +155,13 @@ def encode_sketch(spec: SketchSpec, items: torch.Tensor, values: torch.Tensor) -
     """This worker's sketch words: each item's ``block`` int32 values added to its cells, mod 2^32.
 
     ``values`` is (K, block) int32; ``items`` distinct. On a CPU the C kernel adds them in order of start
-    segment (in cache); otherwise torch accumulates in int64 and wraps to int32 at the end (same words).
+    segment (in cache); on the GPU path a Triton kernel adds them with int32 atomics; otherwise torch
+    accumulates in int64 and wraps to int32 at the end (the same words).
     """
+    if gpu.on_path():
+        from .gpu_encode import encode_sketch as encode_sketch_triton
+
+        return encode_sketch_triton(spec, items, values, None, False)
     if items.device.type == "cpu" and native is not None:
         return encode_sketch_native(spec, items, values)
     return encode_sketch_torch(spec, items, values)

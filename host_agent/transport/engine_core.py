@@ -31,11 +31,11 @@ One ``step(now, datagrams)`` takes the results that arrived, then decides what l
    oldest packet. A packet older than ``timeout_s`` stalls the stream (``stalled``): the caller fails it,
    naming the silent workers.
 4. **The tail probe** (RACK-TLP's TLP): after ``PTO_RTTS`` smoothed round trips without progress (no new
-   result, no new packet) while packets are in flight, the *newest* unanswered packet goes again, once,
-   then once more after twice that. Its result shows every earlier loss by the gap at once, so a burst
-   lost at the tail costs about two round trips instead of a timer. When a peer is only late, the switch
-   drops the probe as a duplicate: one packet per quiet spell, no storm. Probes are counted apart
-   (``tail_probes``); they leave the window alone (no loss was seen).
+   result, no new packet) while packets are in flight, the *newest* unanswered packet goes again, and
+   again after twice the wait, up to ``MAX_PROBES`` times. Its result shows every earlier loss by the gap
+   at once, so a burst lost at the tail costs about two round trips instead of a timer. When a peer is
+   only late, the switch drops the probes as duplicates: a few packets per quiet spell, no storm. Probes
+   are counted apart (``tail_probes``); they leave the window alone (no loss was seen).
 5. **New packets**, as far as the window and the shadow-copy rule allow (never p + S before p's result).
 
 Each loss also tells the window, which halves only when the delay says the path is congested.

@@ -1,0 +1,166 @@
+"""The codec's GPU path: Triton kernels for CUDA tensors, the torch reference as the named fallback.
+
+Which path a session takes is decided once, when it is made (:func:`choose_path`), and holds for all its
+rounds (:func:`on_path`): ``"triton"`` for a CUDA tensor where Triton imports, ``"torch"`` (the torch
+reference, ``peeling.peel_parallel`` and friends) for a CUDA tensor without Triton or with
+``LHC_CODEC_GPU=torch``, and the CPU's own choice (compiled kernels, else torch) for a CPU tensor. A
+session may ask for the Triton path on a CPU tensor (``kernels="triton"``): that runs the same kernels
+in Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is imported), which is how the tests
+hold them to the CPU kernels bit for bit, and how a CPU machine counts the launches the GPU would make.
+
+Every kernel launch goes through :func:`launch`, which notes it for :mod:`.launches`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from types import ModuleType
+
+import torch
+
+from . import launches
+
+GPU_VARIABLE = "LHC_CODEC_GPU"
+_choice = os.environ.get(GPU_VARIABLE, "triton")
+if _choice not in ("triton", "torch"):
+    raise ValueError(f"{GPU_VARIABLE} must be 'triton' or 'torch', not {_choice!r}")
+KERNEL_CHOICES = ("auto", "triton")
+
+
+def interpreting() -> bool:
+    """Whether Triton runs its interpreter (kernels on CPU tensors, for tests and counting)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def triton_module() -> ModuleType | None:
+    """Triton, or None where it does not import (it is the optional extra ``gpu``)."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton
+
+
+def interpreter_scalars() -> None:
+    """Triton's interpreter (3.6) holds a scalar as a one-element array and takes ``int()`` of it, which
+    NumPy 2.4 refuses ("only 0-dimensional arrays can be converted"), so a loop bound that is a kernel
+    argument fails there. Its conversion is redone for the interpreter only; compiled kernels never run
+    this code."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "lhc_scalars", False):
+        return
+
+    def patch(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch.lhc_scalars = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patch
+
+
+def triton_available() -> bool:
+    return triton_module() is not None
+
+
+def choose_path(device: torch.device, kernels: str) -> str:
+    """``"triton"``, or ``""`` for the device's other path (see the module docstring); a request the
+    machine cannot honour is a ValueError naming what is missing."""
+    if kernels not in KERNEL_CHOICES:
+        raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, not {kernels!r}")
+    if kernels == "triton":
+        if not triton_available():
+            raise ValueError("kernels='triton' needs Triton (pip install triton, or the extra 'gpu')")
+        if device.type == "cpu" and not interpreting():
+            raise ValueError("kernels='triton' on a CPU tensor needs TRITON_INTERPRET=1 set before Triton "
+                             "is imported (the interpreter runs the GPU kernels on the CPU)")
+        return "triton"
+    if device.type == "cuda" and _choice == "triton" and triton_available():
+        return "triton"
+    return ""
+
+
+_path: ContextVar[str] = ContextVar("lhc_codec_path", default="")
+
+
+def on_path() -> bool:
+    """Whether the running session takes the Triton path."""
+    return _path.get() == "triton"
+
+
+@contextmanager
+def path(name: str) -> Iterator[None]:
+    token = _path.set(name)
+    try:
+        yield
+    finally:
+        _path.reset(token)
+
+
+def launch(kernel, grid: tuple[int, ...], *args, **meta) -> None:
+    """Launch a Triton kernel on the current stream, counted as one device launch."""
+    launches.note(1)
+    with launches.paused():
+        kernel[grid](*args, **meta)
+
+
+def read_back(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` copied to the host: one device operation (counted so wherever it runs; on a CPU tensor,
+    which the interpreter uses, the copy is free and torch would not show it)."""
+    launches.note(1)
+    with launches.paused():
+        return tensor.cpu()
+
+
+def send(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor copied to ``device``: one device operation, counted so wherever it runs."""
+    launches.note(1)
+    with launches.paused():
+        return tensor.to(device)
+
+
+@contextmanager
+def on_host() -> Iterator[None]:
+    """Torch operations here run on host tensors (under the interpreter they look like the device's)."""
+    with launches.paused():
+        yield
+
+
+def sizes() -> dict[str, int]:
+    """Tile sizes: GPU-sized, or large under the interpreter (each of its steps is a numpy call, so
+    fewer, larger tiles run far faster there; the results do not depend on them)."""
+    return dict(_INTERPRETED if interpreting() else _COMPILED)
+
+
+_COMPILED = {"scan": 2048, "items": 1024, "words": 128, "peel": 512, "fill": 1024, "warps": 8}
+_INTERPRETED = {"scan": 1 << 16, "items": 1 << 15, "words": 1 << 11, "peel": 1 << 14, "fill": 1 << 15,
+                "warps": 4}
+
+
+def set_sizes(**overrides: int) -> dict[str, int]:
+    """Override tile sizes (tests use small tiles to run many programs); returns the previous ones."""
+    table = _INTERPRETED if interpreting() else _COMPILED
+    previous = dict(table)
+    unknown = set(overrides) - set(table)
+    if unknown:
+        raise ValueError(f"unknown tile sizes {sorted(unknown)}")
+    table.update(overrides)
+    return previous
+
+
+def next_pow2(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def persistent_programs(device: torch.device) -> int:
+    """Programs of a kernel that synchronizes its whole grid: one per SM, all resident at once (the
+    interpreter runs programs one after another, so there it is one)."""
+    if device.type != "cuda" or interpreting():
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -1,0 +1,176 @@
+"""The GPU path's decoding kernels around the peel: listing the index's set bits as candidate items,
+writing the output (dequantized inside the kernel), and counting what the next round's granularity
+choice reads. Each names its torch twin; ``tests/test_codec_gpu.py`` holds them to it bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from .gpu import launch, next_pow2, read_back, send, sizes
+from .gpu_jit import dequantize, maximum, rows_nonzero
+
+
+@triton.jit(do_not_specialize=["n_bits", "group", "n_items"])
+def _bits_count(words, n_bits, group, n_items, counts, BITS: tl.constexpr):
+    """Per program: how many items its set bits stand for (an entry is ``group`` items, the last one
+    may be fewer)."""
+    pid = tl.program_id(0)
+    entry = pid.to(tl.int64) * BITS + tl.arange(0, BITS)
+    ok = entry < n_bits
+    w = tl.load(words + (entry >> 5), mask=ok, other=0).to(tl.uint32, bitcast=True)
+    held = ok & (((w >> (entry & 31).to(tl.uint32)) & 1) == 1)
+    per = tl.minimum(n_items - entry * group, group)
+    tl.store(counts + pid, tl.sum(tl.where(held, per, 0), axis=0))
+
+
+@triton.jit(do_not_specialize=["n_bits", "group", "n_items"])
+def _bits_write(words, n_bits, group, n_items, offsets, out, BITS: tl.constexpr, GROUP: tl.constexpr):
+    """``bits.set_bits`` and ``index.expand_groups``: every item of every set entry, in order."""
+    pid = tl.program_id(0)
+    entry = pid.to(tl.int64) * BITS + tl.arange(0, BITS)
+    ok = entry < n_bits
+    w = tl.load(words + (entry >> 5), mask=ok, other=0).to(tl.uint32, bitcast=True)
+    held = ok & (((w >> (entry & 31).to(tl.uint32)) & 1) == 1)
+    per = tl.where(held, tl.minimum(n_items - entry * group, group), 0)
+    first = tl.load(offsets + pid) + tl.cumsum(per, axis=0) - per
+    j = tl.arange(0, GROUP)
+    item = entry[:, None] * group + j[None, :]
+    tl.store(out + first[:, None] + j[None, :], item, mask=j[None, :] < per[:, None])
+
+
+def set_bit_items(words: torch.Tensor, n_bits: int, group: int, n_items: int) -> torch.Tensor:
+    """Sorted items (int64) of the set bits among the first ``n_bits`` of ``words``, each bit standing
+    for ``group`` consecutive items below ``n_items``: two passes, one read-back of their counts."""
+    bits = 32 * sizes()["words"]
+    programs = max(1, -(-n_bits // bits))
+    counts = torch.empty(programs, dtype=torch.int64, device=words.device)
+    warps = sizes()["warps"]
+    launch(_bits_count, (programs,), words, n_bits, group, n_items, counts, BITS=bits, num_warps=warps)
+    host = read_back(counts).numpy()
+    total = int(host.sum())
+    out = torch.empty(total, dtype=torch.int64, device=words.device)
+    if total:
+        offsets = send(torch.from_numpy(np.concatenate(([0], np.cumsum(host)[:-1]))), words.device)
+        launch(_bits_write, (programs,), words, n_bits, group, n_items, offsets, out, BITS=bits,
+               GROUP=next_pow2(group), num_warps=warps)
+    return out
+
+
+@triton.jit
+def _bfloat16_bits(v):
+    """float32 to bfloat16, ties to even, as torch rounds it (its bits, as int16): a float cast would be
+    the compiler's choice of rounding, and Triton's interpreter truncates."""
+    u = v.to(tl.uint32, bitcast=True)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
+
+
+@triton.jit(do_not_specialize=["lo", "hi", "block", "k"])
+def _fill(out, lo, hi, block, cands, values, k, f1, f2, f3, DEQUANTIZE: tl.constexpr, BF16: tl.constexpr,
+          TILE: tl.constexpr, LANES: tl.constexpr):
+    """``output.OutputRange.fill`` after ``quantize.dequantize``: each candidate's row at its elements
+    within [lo, hi) (the output was zeroed; a bfloat16 output is written as its bits)."""
+    i = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    ok = i < k
+    lane = tl.arange(0, LANES)
+    elem = tl.load(cands + i, mask=ok, other=0)[:, None] * block + lane[None, :]
+    inside = ok[:, None] & (lane[None, :] < block) & (elem >= lo) & (elem < hi)
+    q = tl.load(values + i.to(tl.int64)[:, None] * block + lane[None, :], mask=inside, other=0)
+    if BF16:
+        row = _bfloat16_bits(dequantize(q, f1, f2, f3))
+    elif DEQUANTIZE:
+        row = dequantize(q, f1, f2, f3).to(out.dtype.element_ty)
+    else:
+        row = q
+    tl.store(out + (elem - lo), row, mask=inside)
+
+
+def pow2_factors(exponent: int) -> tuple[float, float, float]:
+    """The factors ``quantize._mul_pow2`` multiplies by, in order, padded with 1.0 (exact)."""
+    factors = []
+    while exponent:
+        step = max(-126, min(126, exponent))
+        factors.append(float(2.0**step))
+        exponent -= step
+    if len(factors) > 3:
+        raise ValueError(f"scale 2^{exponent} is beyond any float32 bucket's")
+    return (*factors, *[1.0] * (3 - len(factors)))  # type: ignore[return-value]
+
+
+def fill_output(out: torch.Tensor, lo: int, cands: torch.Tensor, values: torch.Tensor, block: int,
+                scale: int | None) -> None:
+    """Write ``out`` (elements lo..lo+len(out) of the total) whole: zeros, then each candidate's row,
+    dequantized at ``scale`` (None: int32 sums as they are)."""
+    out.zero_()
+    k = cands.numel()
+    if not k:
+        return
+    lanes = next_pow2(block)
+    tile = max(1, sizes()["fill"] // lanes)
+    f1, f2, f3 = pow2_factors(-scale) if scale is not None else (1.0, 1.0, 1.0)
+    bf16 = out.dtype == torch.bfloat16
+    target = out.view(torch.int16) if bf16 else out
+    launch(_fill, (-(-k // tile),), target, lo, lo + out.numel(), block, cands, values, k, f1, f2, f3,
+           DEQUANTIZE=scale is not None, BF16=bf16, TILE=tile, LANES=lanes, num_warps=sizes()["warps"])
+
+
+#: ``granularity.GROUPS``, as the counting kernel unrolls them: 2^0 .. 2^6.
+GROUP_POWERS = tl.constexpr(7)
+#: Per window: first and last kept item, kept count, new groups for each group size.
+_STATS = 10
+STATS = tl.constexpr(_STATS)
+
+
+@triton.jit(do_not_specialize=["k", "block", "windows"])
+def _group_counts(cands, values, k, block, starts, windows, out, WINDOW: tl.constexpr, CHUNK: tl.constexpr,
+                  LANES: tl.constexpr):
+    """The first ``windows`` programs: per window of candidates (``granularity._sample``), the first and
+    last item whose row is nonzero, how many, and for each group size how many of them start a new
+    group (``index.group_entries``) within the window. The rest: nonzero rows per chunk (the union)."""
+    pid = tl.program_id(0)
+    if pid < windows:
+        j = tl.load(starts + pid) + tl.arange(0, WINDOW)
+        ok = j < k
+        item = tl.load(cands + j, mask=ok, other=0)
+        keep = rows_nonzero(values, j, ok, block, LANES)
+        back = ok & (tl.arange(0, WINDOW) > 0)
+        prev = tl.load(cands + j - 1, mask=back, other=0)
+        prev_keep = rows_nonzero(values, j - 1, back, block, LANES)
+        before = tl.associative_scan(tl.where(prev_keep, prev, -1), 0, maximum)
+        row = out + pid * STATS
+        tl.store(row, tl.min(tl.where(keep, item, 1 << 62), axis=0))
+        tl.store(row + 1, tl.max(tl.where(keep, item, -1), axis=0))
+        tl.store(row + 2, tl.sum(keep.to(tl.int64), axis=0))
+        for power in tl.static_range(GROUP_POWERS):
+            new = keep & ((before < 0) | ((before >> power) != (item >> power)))
+            tl.store(row + 3 + power, tl.sum(new.to(tl.int64), axis=0))
+    else:
+        c = (pid - windows) * CHUNK + tl.arange(0, CHUNK)
+        held = rows_nonzero(values, c, c < k, block, LANES)
+        tl.store(out + windows * STATS + (pid - windows), tl.sum(held.to(tl.int64), axis=0))
+
+
+def group_counts(cands: torch.Tensor, values: torch.Tensor, starts: list[int], window: int
+                 ) -> tuple[int, int, dict[int, int]]:
+    """(union, sample size, {group: entries in the sample}) as ``granularity`` counts them, windows of
+    ``window`` candidates from each of ``starts``, in one kernel and one read-back."""
+    k = cands.numel()
+    block = values.shape[1]
+    chunk = sizes()["fill"]
+    chunks = -(-k // chunk)
+    out = torch.empty(len(starts) * _STATS + chunks, dtype=torch.int64, device=cands.device)
+    at = send(torch.tensor(starts, dtype=torch.int64), cands.device)
+    launch(_group_counts, (len(starts) + chunks,), cands, values, k, block, at, len(starts), out,
+           WINDOW=window, CHUNK=chunk, LANES=min(next_pow2(block), 32), num_warps=sizes()["warps"])
+    host = read_back(out).numpy()
+    rows = host[: len(starts) * _STATS].reshape(len(starts), _STATS)
+    union = int(host[len(starts) * _STATS :].sum())
+    held = rows[rows[:, 2] > 0]
+    grouped = {}
+    for power in range(7):
+        joins = int(((held[:-1, 1] >> power) == (held[1:, 0] >> power)).sum())
+        grouped[1 << power] = int(held[:, 3 + power].sum()) - joins
+    return union, int(rows[:, 2].sum()), grouped

@@ -1,0 +1,226 @@
+"""The GPU path's encoding kernels: the nonzero scan, the index (bitmap or Bloom filter), the sketch, and
+the candidates' values (union mode, a residue), each quantized inside the kernel that reads it.
+
+Each kernel names its torch twin; ``tests/test_codec_gpu.py`` holds them to it bit for bit. Integer
+additions into the sketch are int32 atomics: they commute, so the words do not depend on their order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from .gpu import launch, next_pow2, read_back, send, sizes
+from .gpu_jit import cell_ids, hash_items, quantize, reduce_range
+from .index import PATTERN_BITS
+from .sketch import SketchSpec
+
+#: The Bloom filter's patterns, chosen by a hash's low bits.
+PATTERN_MASK = tl.constexpr((1 << PATTERN_BITS) - 1)
+
+
+@triton.jit(do_not_specialize=["n", "n_items", "block"])
+def _scan_counts(x, n, n_items, block, out, IS_FLOAT: tl.constexpr, ITEMS: tl.constexpr,
+                 LANES: tl.constexpr):
+    """Per program: its nonzero items, and max |x| as float32 bits (floats) or max and min (int32)."""
+    pid = tl.program_id(0)
+    item = pid * ITEMS + tl.arange(0, ITEMS)
+    lane = tl.arange(0, LANES)
+    elem = item.to(tl.int64)[:, None] * block + lane[None, :]
+    ok = (item[:, None] < n_items) & (lane[None, :] < block) & (elem < n)
+    v = tl.load(x + elem, mask=ok, other=0)
+    held = tl.max(((v != 0) & ok).to(tl.int32), axis=1)
+    tl.store(out + pid * 3, tl.sum(held, axis=0))
+    if IS_FLOAT:
+        bits = tl.where(ok, tl.abs(v.to(tl.float32)).to(tl.int32, bitcast=True), 0)
+        tl.store(out + pid * 3 + 1, tl.max(tl.max(bits, axis=1), axis=0))
+        tl.store(out + pid * 3 + 2, 0)
+    else:
+        held_values = tl.where(ok, v, 0)
+        tl.store(out + pid * 3 + 1, tl.max(tl.max(held_values, axis=1), axis=0))
+        tl.store(out + pid * 3 + 2, tl.min(tl.min(held_values, axis=1), axis=0))
+
+
+@triton.jit(do_not_specialize=["n", "n_items", "block"])
+def _scan_write(x, n, n_items, block, offsets, items_out, rows_out, ITEMS: tl.constexpr,
+                LANES: tl.constexpr):
+    """``items.nonzero_rows``: the nonzero items in order, and their rows (the short last one padded)."""
+    pid = tl.program_id(0)
+    item = pid * ITEMS + tl.arange(0, ITEMS)
+    lane = tl.arange(0, LANES)
+    elem = item.to(tl.int64)[:, None] * block + lane[None, :]
+    ok = (item[:, None] < n_items) & (lane[None, :] < block) & (elem < n)
+    v = tl.load(x + elem, mask=ok, other=0)
+    held = tl.max(((v != 0) & ok).to(tl.int32), axis=1)
+    pos = tl.load(offsets + pid) + (tl.cumsum(held, axis=0) - held).to(tl.int64)
+    keep = held > 0
+    tl.store(items_out + pos, item.to(tl.int64), mask=keep)
+    tl.store(rows_out + pos[:, None] * block + lane[None, :], v, mask=keep[:, None] & (lane[None, :] < block))
+
+
+@dataclass
+class Scan:
+    """What the scan found: the nonzero items and rows, and what the header says of them."""
+
+    items: torch.Tensor
+    rows: torch.Tensor
+    field: int | None  # float32 exponent field of max |x| (floats; None if all zero)
+    finite: bool
+    lo: int  # smallest and largest value (int32 inputs)
+    hi: int
+
+
+def scan_nonzero(x: torch.Tensor, block: int) -> Scan:
+    """``items.nonzero_rows`` and the header's statistics (``quantize.exponent_field``,
+    ``int_in_bound``) in two passes over ``x``, with one read-back of the per-program counts between."""
+    n = x.numel()
+    n_items = -(-n // block)
+    lanes = next_pow2(block)
+    tile = max(1, sizes()["scan"] // lanes)
+    programs = -(-n_items // tile)
+    is_float = x.dtype != torch.int32
+    stats = torch.empty((programs, 3), dtype=torch.int32, device=x.device)
+    warps = sizes()["warps"]
+    launch(_scan_counts, (programs,), x, n, n_items, block, stats, IS_FLOAT=is_float, ITEMS=tile, LANES=lanes,
+           num_warps=warps)
+    host = read_back(stats).numpy().astype(np.int64)
+    counts = host[:, 0]
+    k = int(counts.sum())
+    offsets = send(torch.from_numpy(np.concatenate(([0], np.cumsum(counts)[:-1]))), x.device)
+    items = torch.empty(k, dtype=torch.int64, device=x.device)
+    rows = torch.empty((k, block), dtype=x.dtype, device=x.device)
+    if k:
+        launch(_scan_write, (programs,), x, n, n_items, block, offsets, items, rows, ITEMS=tile, LANES=lanes,
+               num_warps=warps)
+    top = int(host[:, 1].max())
+    if is_float:
+        field = None if top == 0 or top >= 0x7F800000 else (top >> 23) & 0xFF
+        return Scan(items, rows, field, top < 0x7F800000, 0, 0)
+    return Scan(items, rows, None, True, int(host[:, 2].min()), top)
+
+
+@triton.jit(do_not_specialize=["k", "group", "n_words", "seed"])
+def _index_encode(items, k, group, words, n_words, seed, masks, BLOOM: tl.constexpr, TILE: tl.constexpr):
+    """``index.encode_index``: OR each entry's bit (bitmap) or pattern (Bloom) into its word; an entry
+    met twice (a group of several items) ORs the same bits again."""
+    i = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    ok = i < k
+    entry = tl.load(items + i, mask=ok, other=0) // group
+    if BLOOM:
+        h = hash_items(entry, seed)
+        pattern = tl.load(masks + (h & PATTERN_MASK).to(tl.int64))
+        tl.atomic_or(words + reduce_range(h, n_words), pattern, mask=ok)
+    else:
+        bit = tl.cast(1, tl.uint32) << (entry & 31).to(tl.uint32)
+        tl.atomic_or(words + (entry >> 5), bit.to(tl.int32, bitcast=True), mask=ok)
+
+
+def encode_index(kind: str, items: torch.Tensor, group: int, n_words: int, seed: int,
+                 masks: torch.Tensor | None) -> torch.Tensor:
+    """This worker's index words: ``kind`` "bitmap" or "bloom" (``masks``: the k-bit patterns)."""
+    words = torch.zeros(n_words, dtype=torch.int32, device=items.device)
+    k = items.numel()
+    if k:
+        tile = sizes()["items"]
+        launch(_index_encode, (-(-k // tile),), items, k, group, words, n_words, seed,
+               words if masks is None else masks, BLOOM=kind == "bloom", TILE=tile,
+               num_warps=sizes()["warps"])
+    return words
+
+
+@triton.jit(do_not_specialize=["k", "block", "start_seed", "s0", "s1", "s2", "s3", "starts", "seg", "scale"])
+def _sketch_encode(items, rows, k, block, sketch, start_seed, s0, s1, s2, s3, starts, seg, scale,
+                   ARITY: tl.constexpr, QUANTIZE: tl.constexpr, CLAMP: tl.constexpr, TILE: tl.constexpr,
+                   LANES: tl.constexpr):
+    """``sketch.encode_sketch`` of the quantized rows (``quantize.quantize``, fused): each row added to
+    each of its cells, int32 atomics wrapping mod 2^32 like the torch code's int64 sum and wrap."""
+    i = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    ok = i < k
+    lane = tl.arange(0, LANES)
+    both = ok[:, None] & (lane[None, :] < block)
+    item = tl.load(items + i, mask=ok, other=0)
+    v = tl.load(rows + i.to(tl.int64)[:, None] * block + lane[None, :], mask=both, other=0)
+    q = quantize(v.to(tl.float32), scale, CLAMP) if QUANTIZE else v
+    c0, c1, c2, c3 = cell_ids(item, start_seed, s0, s1, s2, s3, starts, seg, ARITY)
+    tl.atomic_add(sketch + c0[:, None] * block + lane[None, :], q, mask=both)
+    tl.atomic_add(sketch + c1[:, None] * block + lane[None, :], q, mask=both)
+    tl.atomic_add(sketch + c2[:, None] * block + lane[None, :], q, mask=both)
+    if ARITY == 4:
+        tl.atomic_add(sketch + c3[:, None] * block + lane[None, :], q, mask=both)
+
+
+def seed_args(spec: SketchSpec) -> tuple[int, ...]:
+    """(start seed, four cell seeds, starts, segment cells): the layout as the kernels take it."""
+    start_seed, seeds = spec.seeds()
+    padded = (*seeds, *[0] * (4 - len(seeds)))
+    return (start_seed, *padded, spec.starts, spec.segment_cells)
+
+
+def encode_sketch(spec: SketchSpec, items: torch.Tensor, rows: torch.Tensor, scale: int | None,
+                  clamp: bool) -> torch.Tensor:
+    """This worker's sketch words from its items and rows, quantized at ``scale`` (None: int32 rows)."""
+    sketch = torch.zeros(spec.words, dtype=torch.int32, device=items.device)
+    k = items.numel()
+    if k:
+        lanes = next_pow2(spec.block)
+        tile = max(1, sizes()["items"] // lanes)
+        launch(_sketch_encode, (-(-k // tile),), items, rows, k, spec.block, sketch, *seed_args(spec),
+               scale or 0, ARITY=spec.arity, QUANTIZE=scale is not None, CLAMP=clamp, TILE=tile, LANES=lanes,
+               num_warps=sizes()["warps"])
+    return sketch
+
+
+@triton.jit(do_not_specialize=["n", "k", "block", "scale"])
+def _gather_quantize(x, n, cands, k, block, out, scale, QUANTIZE: tl.constexpr, CLAMP: tl.constexpr,
+                     TILE: tl.constexpr, LANES: tl.constexpr):
+    """``items.gather_items`` then ``quantize.quantize``: the candidates' rows, zero past the bucket."""
+    i = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    ok = i < k
+    lane = tl.arange(0, LANES)
+    both = ok[:, None] & (lane[None, :] < block)
+    elem = tl.load(cands + i, mask=ok, other=0)[:, None] * block + lane[None, :]
+    v = tl.load(x + elem, mask=both & (elem < n), other=0)
+    q = quantize(v.to(tl.float32), scale, CLAMP) if QUANTIZE else v
+    tl.store(out + i.to(tl.int64)[:, None] * block + lane[None, :], q, mask=both)
+
+
+def gather_quantize(x: torch.Tensor, cands: torch.Tensor, block: int, scale: int | None) -> torch.Tensor:
+    """(K, block) int32: the candidates' rows of ``x``, quantized at ``scale`` (None: int32 input)."""
+    k = cands.numel()
+    out = torch.empty((k, block), dtype=torch.int32, device=x.device)
+    if k:
+        lanes = next_pow2(block)
+        tile = max(1, sizes()["items"] // lanes)
+        launch(_gather_quantize, (-(-k // tile),), x, x.numel(), cands, k, block, out, scale or 0,
+               QUANTIZE=scale is not None, CLAMP=False, TILE=tile, LANES=lanes, num_warps=sizes()["warps"])
+    return out
+
+
+@triton.jit(do_not_specialize=["n_words", "entries", "seed", "n_hits"])
+def _bloom_hits(words, n_words, entries, seed, masks, hits, n_hits, WORDS: tl.constexpr):
+    """``index.query_bloom_chunks``' test, 32 entries to a word of hit bits (bits of one word add
+    without carries, so their sum is their OR)."""
+    w = tl.program_id(0) * WORDS + tl.arange(0, WORDS)
+    bit = tl.arange(0, 32)
+    entry = w.to(tl.int64)[:, None] * 32 + bit[None, :]
+    ok = entry < entries
+    h = hash_items(entry, seed)
+    pattern = tl.load(masks + (h & PATTERN_MASK).to(tl.int64))
+    got = tl.load(words + reduce_range(h, n_words), mask=ok, other=0)
+    hit = ok & ((got & pattern) == pattern)
+    packed = tl.sum(tl.where(hit, tl.cast(1, tl.int64) << bit[None, :].to(tl.int64), 0), axis=1)
+    tl.store(hits + w, packed.to(tl.uint32).to(tl.int32, bitcast=True), mask=w < n_hits)
+
+
+def bloom_hits(words: torch.Tensor, entries: int, seed: int, masks: torch.Tensor) -> torch.Tensor:
+    """A hit bit per entry of the aggregated filter (the words ``bits.set_bits`` then lists)."""
+    n_hits = -(-entries // 32)
+    hits = torch.empty(n_hits, dtype=torch.int32, device=words.device)
+    tile = sizes()["words"]
+    launch(_bloom_hits, (-(-n_hits // tile),), words, words.numel(), entries, seed, masks, hits, n_hits,
+           WORDS=tile, num_warps=sizes()["warps"])
+    return hits
