@@ -4,6 +4,7 @@ would run on one are collected."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -63,7 +64,9 @@ def test_the_device_tests_it_runs_are_collected() -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     collected = [line for line in done.stdout.splitlines() if "::" in line]
     names = " ".join(collected)
-    for test in ("test_cuda_gives_the_cpu_result_bit_for_bit", "test_fsdp_trains_through_lhc_on_cuda",
-                 "test_cuda_buckets_through_softswitch_give_the_cpu_run", "test_the_hook_runs_with_nccl",
-                 "test_a_gpu_session_sends_through_pinned_buffers_and_keeps_its_bucket"):
+    expected = ["test_cuda_gives_the_cpu_result_bit_for_bit", "test_fsdp_trains_through_lhc_on_cuda",
+                "test_cuda_buckets_through_softswitch_give_the_cpu_run", "test_the_hook_runs_with_nccl"]
+    if importlib.util.find_spec("triton") is not None:  # tests/test_codec_gpu.py skips whole without it
+        expected.append("test_a_gpu_session_sends_through_pinned_buffers_and_keeps_its_bucket")
+    for test in expected:
         assert test in names, test
