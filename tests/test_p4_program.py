@@ -185,9 +185,28 @@ def test_tables_agree_with_p4info(v1model: P4Program, p4info: P4InfoIndex) -> No
             assert info_actions_by_id[info.default_action_id] == table.default_action, name
 
 
+def _called_directly(v1model: P4Program) -> set[str]:
+    """Actions an apply block calls by name rather than through a table (p4c lists these in the P4Info
+    too, without parameters: the call binds them, so the control plane never supplies them)."""
+    table_actions = {a for t in v1model.tables.values() for a in t.actions}
+    called = set()
+    for name in set(v1model.actions) - table_actions:
+        control, action = name.split(".")
+        body = v1model.controls[control]
+        calls = re.findall(rf"(?<![\w.]){action}\s*\(", body)
+        if len(calls) > 1:  # the declaration, and at least one call
+            called.add(name)
+    return called
+
+
 def test_actions_agree_with_p4info(v1model: P4Program, p4info: P4InfoIndex) -> None:
     table_actions = {a for t in v1model.tables.values() for a in t.actions}
-    assert table_actions == set(p4info.actions), "P4Info lists exactly the actions tables can run"
+    direct = _called_directly(v1model)
+    assert table_actions | direct == set(p4info.actions), (
+        "P4Info lists exactly the actions tables can run and those the apply blocks call"
+    )
+    for name in direct:
+        assert list(p4info.action(name).params) == [], f"{name}: a direct call's parameters are bound"
     for name in table_actions:
         params = [(p.name, p.bitwidth) for p in p4info.action(name).params]
         assert params == v1model.actions[name], name
