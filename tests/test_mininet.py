@@ -34,14 +34,17 @@ def leftovers() -> list[str]:
     return ours
 
 
-def test_two_leaves_and_a_spine_aggregate_exactly_one_packet_per_leaf_and_round(tmp_path: Path) -> None:
-    done = subprocess.run([*RUNNER, "--topology", "leafspine", "--workers", "4", "--workload", "bench",
-                           "--length", "20000", "--bw", "0", "--out", str(tmp_path)],
+def check_leafspine_bench(tmp_path: Path, switch: str, length: int) -> None:
+    """The benchmark over two leaves and a spine: every row exact, and one partial up and one result down
+    per leaf and round on the leaf-spine links."""
+    done = subprocess.run([*RUNNER, "--switch", switch, "--topology", "leafspine", "--workers", "4",
+                           "--workload", "bench", "--length", str(length), "--bw", "0", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     rows = [line for line in lines if "mode" in line]
     assert len(rows) == 4 * 3 and all(row["exact"] and row["topology"] == "leafspine" for row in rows)
+    assert all(row["switch"] == switch for row in rows)
     links = lines[-1]["leaf_spine_links"]["bench"]
     assert set(links) == {"leaf1", "leaf2"}
     for leaf, counts in links.items():
@@ -52,6 +55,19 @@ def test_two_leaves_and_a_spine_aggregate_exactly_one_packet_per_leaf_and_round(
         assert 0.8 <= counts["down_per_worker_packet"] <= 1.25, (leaf, counts)
         assert counts["link_tx_bytes"] >= counts["up_bytes"], (leaf, counts)
     assert leftovers() == []
+
+
+def test_two_leaves_and_a_spine_aggregate_exactly_one_packet_per_leaf_and_round(tmp_path: Path) -> None:
+    check_leafspine_bench(tmp_path, "softswitch", 20000)
+
+
+@pytest.mark.bmv2
+@pytest.mark.p4c
+def test_two_bmv2_leaves_and_a_bmv2_spine_aggregate_exactly(tmp_path: Path) -> None:
+    """The same fabric of three BMv2 switches, each running the v1model program with its role's tables."""
+    subprocess.run(["make", "-C", str(REPO), "p4-v1model", f"PYTHON={sys.executable}"], check=True,
+                   capture_output=True)
+    check_leafspine_bench(tmp_path, "bmv2", 20000)
 
 
 def test_a_minimal_emulation_trains_exactly_under_loss(tmp_path: Path) -> None:
