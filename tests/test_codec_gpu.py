@@ -306,6 +306,16 @@ def test_the_launch_counter_counts_torch_operations_and_triton_launches():
     assert counter.counts == {"encode": 0, "decode": 6, "transfer": 0}
 
 
+def test_a_counter_for_plain_cuda_counts_on_the_current_cuda_device(monkeypatch):
+    """A CUDA tensor's device always names its index, and ``cuda`` != ``cuda:0``: a counter made for plain
+    ``cuda`` (as the test above is on a GPU) takes the current device's index, or it would see no torch
+    operation (on the H200 it counted 2 where the interpreter counts 6: only the noted launch and copy)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert launches.LaunchCounter(torch.device("cuda")).device == torch.device("cuda", 1)
+    assert launches.LaunchCounter("cuda:0").device == torch.device("cuda", 0)
+    assert launches.LaunchCounter(torch.device("cpu")).device == torch.device("cpu")
+
+
 def test_the_layout_is_a_job_property():
     """Workers that resolve the layout apart disagree at the agreement message, on every worker; the plain
     layout costs ~15% more sketch cells at the default case's size."""
