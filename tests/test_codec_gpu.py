@@ -200,7 +200,7 @@ def test_the_granularity_choice_counts_as_on_the_cpu(block, shape):
     values[torch.rand(k, generator=g) < 0.7] = 0
     if shape == "between windows":
         values.zero_()
-        values[1100:1200] = 3  # the first window is [0, 1024), the second starts at 1252
+        values[1100:1200] = 3  # the first window is [0, 1024), the second starts at 1253
     elif shape == "none":
         values.zero_()
     expected = choose_group(1 << 22, cands, values, 5.0)
@@ -364,5 +364,6 @@ def test_one_worker_alone_is_driven_as_the_profiled_benchmark_drives_it():
     assert torch.equal(result.total.cpu(), expected) and result.stats["kernels"] == "triton"
     counted = result.stats["gpu_launches"]
     bloom = result.stats["index"] == "bloom"  # its query is one kernel more than a bitmap's set bits
-    assert counted["decode"] == 13 + bloom and counted["encode"] == 11
-    assert counted["transfer"] == (3 if CUDA else 0)  # agree, index, sketch to the device (a CPU has none)
+    assert counted["decode"] == 11 + bloom and counted["encode"] == 11
+    assert counted["transfer"] == (2 if CUDA else 0)  # index, sketch to the device (a CPU has none; the
+    # agreement is read where it was received, as is the header)
