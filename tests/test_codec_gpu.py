@@ -190,17 +190,23 @@ def test_peeling_recovers_what_the_cpu_recovers(layout, block, load):
 
 @pytest.mark.parametrize("block", [1, 4])
 @pytest.mark.parametrize("shape", ["few", "many", "between windows", "none"])
-def test_the_granularity_choice_counts_as_on_the_cpu(block, shape):
-    """Fewer candidates than the sample (all counted), more (64 windows), a union that lies wholly between
-    the windows (counted again, whole), and none at all."""
-    k = 3000 if shape == "few" else 80_000
+def test_the_granularity_choice_counts_as_on_the_cpu(block, shape, monkeypatch):
+    """Fewer candidates than the sample (all counted), more (the spread windows), a union that lies wholly
+    between the windows (counted again, whole), and none at all. Windows are made small (8 of 128
+    candidates instead of 64 of 1024) so that the interpreter runs few programs; the kernel takes the
+    window as a constant and places the windows from the counts it is given."""
+    from host_agent.codec import granularity
+
+    monkeypatch.setattr(granularity, "_WINDOWS", 8)
+    monkeypatch.setattr(granularity, "_WINDOW", 128)
+    k = 600 if shape == "few" else 3000
     g = torch.Generator().manual_seed(k + block)
     cands = torch.unique(torch.randint(0, 1 << 22, (k + k // 4,), generator=g))[:k]
     values = torch.randint(-5, 5, (k, block), generator=g, dtype=torch.int32)
     values[torch.rand(k, generator=g) < 0.7] = 0
     if shape == "between windows":
         values.zero_()
-        values[1100:1200] = 3  # the first window is [0, 1024), the second starts at 1253
+        values[200:300] = 3  # the first window is [0, 128), the second starts at 2872 // 7 = 410
     elif shape == "none":
         values.zero_()
     expected = choose_group(1 << 22, cands, values, 5.0)
