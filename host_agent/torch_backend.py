@@ -38,6 +38,9 @@ BACKEND = "lhc"
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _ROUTED = (dist.ReduceOp.RedOpType.SUM, dist.ReduceOp.RedOpType.AVG)
 _JOBS_IN_USE: set[str] = set()  # a job has one group per process: another lhc group uses the codec alone
+#: Where a CUDA tensor's other collectives (and the process-group codec's) run: NCCL, or Gloo for ranks that
+#: share a GPU (NCCL refuses two ranks on one device; Gloo stages CUDA tensors through the host).
+CUDA_COLLECTIVES = ("nccl", "gloo")
 
 
 @dataclass(frozen=True)
@@ -52,28 +55,40 @@ class LhcConfig:
     mode: str = "auto"
     ip: str = "127.0.0.1"
     host: str = ""
+    cuda_collectives: str = "nccl"
+
+    def __post_init__(self) -> None:
+        if self.cuda_collectives not in CUDA_COLLECTIVES:
+            raise ValueError(f"LHC_CUDA_COLLECTIVES must be one of {CUDA_COLLECTIVES}, not "
+                             f"{self.cuda_collectives!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> LhcConfig:
         """``LHC_CONTROLLER`` (HOST:PORT), ``LHC_JOB``, ``LHC_TOKEN``, ``LHC_MODE`` (default auto),
-        ``LHC_IP`` (this worker's data-plane address) or ``LHC_HOST`` (its name in the topology)."""
+        ``LHC_IP`` (this worker's data-plane address) or ``LHC_HOST`` (its name in the topology),
+        ``LHC_CUDA_COLLECTIVES`` (:data:`CUDA_COLLECTIVES`, default nccl)."""
         config = cls(environ.get("LHC_CONTROLLER") or None, environ.get("LHC_JOB") or None,
                      environ.get("LHC_TOKEN") or None, environ.get("LHC_MODE", "auto"),
-                     environ.get("LHC_IP", "127.0.0.1"), environ.get("LHC_HOST", ""))
+                     environ.get("LHC_IP", "127.0.0.1"), environ.get("LHC_HOST", ""),
+                     environ.get("LHC_CUDA_COLLECTIVES", "nccl"))
         if config.controller and not config.job:
             raise ValueError("LHC_CONTROLLER is set but LHC_JOB is not: name the controller's job")
         return config
 
 
-def _gloo_and_nccl(store: Store, rank: int, size: int, timeout: timedelta, prefix: str) -> dist.ProcessGroup:
+def _gloo_and_nccl(store: Store, rank: int, size: int, timeout: timedelta, prefix: str,
+                   cuda_collectives: str) -> dist.ProcessGroup:
     """A process group of Gloo (CPU) and, where CUDA is, NCCL (CUDA), registered nowhere: what
-    ``init_process_group("cpu:gloo,cuda:nccl")`` builds, under ``prefix`` in the store."""
+    ``init_process_group("cpu:gloo,cuda:nccl")`` builds, under ``prefix`` in the store; with
+    ``cuda_collectives`` "gloo", Gloo for both (``init_process_group("gloo")``)."""
     group = dist.ProcessGroup(store, rank, size)
     types = dist.ProcessGroup.BackendType
     gloo = ProcessGroupGloo(PrefixStore(f"{prefix}/cpu/", store), rank, size, timeout)
     group._register_backend(torch.device("cpu"), types.GLOO, gloo)
     group._set_default_backend(types.GLOO)
-    if torch.cuda.is_available() and dist.is_nccl_available():
+    if cuda_collectives == "gloo":
+        group._register_backend(torch.device("cuda"), types.GLOO, gloo)
+    elif torch.cuda.is_available() and dist.is_nccl_available():
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         nccl = dist.ProcessGroupNCCL(PrefixStore(f"{prefix}/cuda/", store), rank, size, options)
@@ -91,7 +106,7 @@ class LhcProcessGroup(dist.ProcessGroup):
         self._group_name = ""
         #: calls lhc aggregated, by collective (what a test or a log checks went through lhc)
         self.aggregated: Counter[str] = Counter()
-        self.inner = _gloo_and_nccl(store, rank, size, timeout, "inner")
+        self.inner = _gloo_and_nccl(store, rank, size, timeout, "inner", config.cuda_collectives)
         self.config = config
         self.job: str | None = None
         if config.controller and config.job not in _JOBS_IN_USE:
@@ -102,8 +117,9 @@ class LhcProcessGroup(dist.ProcessGroup):
         else:
             from host_agent.process_group import ProcessGroupBackend
 
-            codec = _gloo_and_nccl(store, rank, size, timeout, "codec")
-            cuda = torch.cuda.is_available()  # then the codec's group is NCCL's
+            codec = _gloo_and_nccl(store, rank, size, timeout, "codec", config.cuda_collectives)
+            # the codec's group is NCCL's where CUDA is and NCCL was not declined; else Gloo's, on the CPU
+            cuda = torch.cuda.is_available() and config.cuda_collectives == "nccl"
             device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
             self.agent = Agent(ProcessGroupBackend(codec, device=device), mode=config.mode)
 
@@ -196,9 +212,10 @@ def _delegate(name: str) -> Callable[..., Any]:
     return method
 
 
+# _allgather_base: an older torch's name for all_gather_single (as _reduce_scatter_base is above)
 for _name in ("allreduce_coalesced", "allgather", "allgather_coalesced", "all_gather_single",
-              "all_gather_single_coalesced", "alltoall", "all_to_all_single", "barrier", "broadcast",
-              "gather", "scatter", "reduce", "reduce_scatter_single_coalesced", "send", "recv",
+              "_allgather_base", "all_gather_single_coalesced", "alltoall", "all_to_all_single", "barrier",
+              "broadcast", "gather", "scatter", "reduce", "reduce_scatter_single_coalesced", "send", "recv",
               "recv_anysource", "_start_coalescing", "_end_coalescing"):
     setattr(LhcProcessGroup, _name, _delegate(_name))
 

@@ -3,6 +3,10 @@ with ``fully_shard`` (FSDP2) on plain Gloo/NCCL or on the ``lhc`` backend (its j
 environment), and save the full parameters, the largest gradient seen and what lhc aggregated.
 
     python tests/fsdp_rank.py RANK WORLD MASTER OUT --backend plain|lhc [--steps N] [--device cpu|cuda]
+        [--cuda-collectives nccl|gloo]
+
+``--cuda-collectives gloo`` runs CUDA tensors' collectives on Gloo (plain FSDP's, and the lhc backend's
+``LHC_CUDA_COLLECTIVES``), so that several ranks can share one GPU (NCCL refuses that).
 """
 
 from __future__ import annotations
@@ -27,15 +31,17 @@ def main() -> None:
     parser.add_argument("--backend", choices=["plain", "lhc"], required=True)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cpu", help="cuda runs on NCCL, cpu on Gloo")
+    parser.add_argument("--cuda-collectives", choices=["nccl", "gloo"], default="nccl")
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    backend = "nccl" if args.device == "cuda" else "gloo"
+    os.environ["LHC_CUDA_COLLECTIVES"] = args.cuda_collectives
+    backend = args.cuda_collectives if args.device == "cuda" else "gloo"
     if args.backend == "lhc":
         import host_agent.torch_backend  # noqa: F401 - registers "lhc"
 
         backend = "lhc"
     if args.device == "cuda":
-        torch.cuda.set_device(args.rank)
+        torch.cuda.set_device(args.rank % torch.cuda.device_count())
     master = f"tcp://{args.master}"
     dist.init_process_group(backend, init_method=master, rank=args.rank, world_size=args.world)
     torch.manual_seed(0)
@@ -61,7 +67,10 @@ def main() -> None:
         optimizer.step()
     params = {name: p.full_tensor().detach().cpu() for name, p in model.named_parameters()}
     aggregated = dict(getattr(dist.group.WORLD, "aggregated", {}))
-    torch.save({"params": params, "largest_grad": largest, "lhc": aggregated}, args.out)
+    agent = getattr(dist.group.WORLD, "agent", None)  # the lhc backend's: which codec kernels it ran
+    kernels = agent.last_stats["codec_kernels"] if agent is not None and agent.last_stats else None
+    torch.save({"params": params, "largest_grad": largest, "lhc": aggregated, "codec_kernels": kernels},
+               args.out)
     dist.destroy_process_group()
 
 

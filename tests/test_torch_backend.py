@@ -111,17 +111,56 @@ def test_reduce_scatter_decodes_only_the_shard(tmp_path: Path) -> None:
     assert modes["union"] == {"union"} and modes["sketch"] == {"sketch"} and modes["dense"] == {"dense"}
 
 
+#: Two ranks on the one GPU: their CUDA collectives on Gloo, since NCCL refuses two ranks on one device (and
+#: FSDP on one rank never reduce-scatters: it keeps its whole gradient).
+ON_ONE_GPU = ("--device", "cuda", "--cuda-collectives", "gloo")
+
+
+@pytest.fixture(scope="module")
+def plain_fsdp_cuda(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Plain FSDP, two ranks on the GPU (Gloo), 3 steps, trained once for the CUDA tests."""
+    return run_ranks(FSDP_SCRIPT, tmp_path_factory.mktemp("plain-fsdp-cuda"), "plain", "--backend", "plain",
+                     "--steps", "3", *ON_ONE_GPU)
+
+
 @pytest.mark.gpu
-def test_fsdp_trains_through_lhc_on_cuda(tmp_path: Path) -> None:
-    """One rank on CUDA (the codec's collectives on NCCL): FSDP's reduce_scatter goes through lhc and
-    the parameters are plain FSDP's within the bound."""
-    steps = 3
-    plain = run_ranks(FSDP_SCRIPT, tmp_path, "plain", "--backend", "plain", "--steps", str(steps),
-                      "--device", "cuda", world=1)
-    ours = run_ranks(FSDP_SCRIPT, tmp_path, "lhc", "--backend", "lhc", "--steps", str(steps),
-                     "--device", "cuda", world=1)
-    assert ours[0]["lhc"].get("reduce_scatter", 0) > 0
-    assert_fsdp_within_the_bound(plain, ours, steps)
+@pytest.mark.parametrize("through_switch", [False, True], ids=["process-group", "softswitch"])
+def test_fsdp_trains_through_lhc_on_cuda(tmp_path: Path, through_switch: bool, stack,
+                                         plain_fsdp_cuda: list[dict]) -> None:
+    """fully_shard on CUDA, two ranks sharing the GPU: every reduce_scatter of FSDP's CUDA gradients goes
+    through lhc, whose codec runs the GPU path (Triton) on them; both ranks hold the same parameters, plain
+    FSDP's on the same GPU within the bound."""
+    steps = 3  # plain_fsdp_cuda's
+    env = {}
+    if through_switch:
+        job = f"fsdp-cuda-{next(_JOBS)}"
+        stack.client.create_job(job, workers=WORLD)
+        env = {"LHC_CONTROLLER": stack.listen, "LHC_JOB": job}
+    ours = run_ranks(FSDP_SCRIPT, tmp_path, "lhc", "--backend", "lhc", "--steps", str(steps), *ON_ONE_GPU,
+                     env=env)
+    assert all(run["lhc"] == {"reduce_scatter": 2 * steps} for run in ours), [run["lhc"] for run in ours]
+    assert all(run["codec_kernels"] == "triton" for run in ours), [run["codec_kernels"] for run in ours]
+    for name, param in ours[0]["params"].items():
+        assert torch.equal(param, ours[1]["params"][name])
+    assert_fsdp_within_the_bound(plain_fsdp_cuda, ours, steps)
+
+
+def test_cuda_collectives_on_gloo_hand_cuda_tensors_to_the_gloo_backend() -> None:
+    """``LHC_CUDA_COLLECTIVES=gloo`` (ranks sharing a GPU): the inner group's CUDA backend is its Gloo one,
+    as ``init_process_group("gloo")`` would make it; by default a CPU machine has no CUDA backend at all."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from host_agent.torch_backend import _gloo_and_nccl
+
+    store = dist.HashStore()
+    shared = _gloo_and_nccl(store, 0, 1, timedelta(seconds=5), "shared", "gloo")
+    assert shared._get_backend(torch.device("cuda")) is shared._get_backend(torch.device("cpu"))
+    if not torch.cuda.is_available():
+        default = _gloo_and_nccl(store, 0, 1, timedelta(seconds=5), "default", "nccl")
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cuda"):
+            default._get_backend(torch.device("cuda"))
 
 
 def test_the_job_comes_from_the_environment() -> None:
@@ -133,3 +172,6 @@ def test_the_job_comes_from_the_environment() -> None:
     assert LhcConfig.from_env({}) == LhcConfig()  # no controller: the process-group codec
     with pytest.raises(ValueError, match="LHC_JOB"):
         LhcConfig.from_env({"LHC_CONTROLLER": "10.0.0.1:9560"})
+    assert LhcConfig.from_env({"LHC_CUDA_COLLECTIVES": "gloo"}).cuda_collectives == "gloo"
+    with pytest.raises(ValueError, match="LHC_CUDA_COLLECTIVES must be one of"):
+        LhcConfig.from_env({"LHC_CUDA_COLLECTIVES": "mpi"})

@@ -23,6 +23,7 @@ from types import ModuleType
 import torch
 
 from . import launches
+from .transfer import to_device, to_host
 
 GPU_VARIABLE = "LHC_CODEC_GPU"
 _choice = os.environ.get(GPU_VARIABLE, "triton")
@@ -111,18 +112,21 @@ def launch(kernel, grid: tuple[int, ...], *args, **meta) -> None:
 
 
 def read_back(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` copied to the host: one device operation (counted so wherever it runs; on a CPU tensor,
-    which the interpreter uses, the copy is free and torch would not show it)."""
+    """``tensor`` copied to the host through a pinned buffer, waiting for that copy alone: one device
+    operation (counted so wherever it runs; on a CPU tensor, which the interpreter uses, the copy is free
+    and torch would not show it). A pageable copy would be staged by the driver."""
     launches.note(1)
     with launches.paused():
-        return tensor.cpu()
+        return to_host(tensor)
 
 
 def send(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor copied to ``device``: one device operation, counted so wherever it runs."""
+    """A host tensor copied to ``device`` from a pinned buffer, without waiting: one device operation,
+    counted so wherever it runs. (``tensor.to(device)`` from pageable memory would wait for the stream,
+    every kernel queued before it, to copy synchronously.)"""
     launches.note(1)
     with launches.paused():
-        return tensor.to(device)
+        return to_device(tensor, device)
 
 
 @contextmanager

@@ -124,15 +124,16 @@ _STATS = 10
 STATS = tl.constexpr(_STATS)
 
 
-@triton.jit(do_not_specialize=["k", "block", "windows"])
-def _group_counts(cands, values, k, block, starts, windows, out, WINDOW: tl.constexpr, CHUNK: tl.constexpr,
+@triton.jit(do_not_specialize=["k", "block", "windows", "num", "den"])
+def _group_counts(cands, values, k, block, windows, num, den, out, WINDOW: tl.constexpr, CHUNK: tl.constexpr,
                   LANES: tl.constexpr):
-    """The first ``windows`` programs: per window of candidates (``granularity._sample``), the first and
-    last item whose row is nonzero, how many, and for each group size how many of them start a new
-    group (``index.group_entries``) within the window. The rest: nonzero rows per chunk (the union)."""
+    """The first ``windows`` programs: per window of candidates (``granularity._sample``; window i starts
+    at ``i * num // den``), the first and last item whose row is nonzero, how many, and for each group size
+    how many of them start a new group (``index.group_entries``) within the window. The rest: nonzero
+    rows per chunk (the union)."""
     pid = tl.program_id(0)
     if pid < windows:
-        j = tl.load(starts + pid) + tl.arange(0, WINDOW)
+        j = pid.to(tl.int64) * num // den + tl.arange(0, WINDOW)
         ok = j < k
         item = tl.load(cands + j, mask=ok, other=0)
         keep = rows_nonzero(values, j, ok, block, LANES)
@@ -153,21 +154,21 @@ def _group_counts(cands, values, k, block, starts, windows, out, WINDOW: tl.cons
         tl.store(out + windows * STATS + (pid - windows), tl.sum(held.to(tl.int64), axis=0))
 
 
-def group_counts(cands: torch.Tensor, values: torch.Tensor, starts: list[int], window: int
+def group_counts(cands: torch.Tensor, values: torch.Tensor, windows: int, num: int, den: int, window: int
                  ) -> tuple[int, int, dict[int, int]]:
-    """(union, sample size, {group: entries in the sample}) as ``granularity`` counts them, windows of
-    ``window`` candidates from each of ``starts``, in one kernel and one read-back."""
+    """(union, sample size, {group: entries in the sample}) as ``granularity`` counts them, ``windows``
+    windows of ``window`` candidates, window i from candidate ``i * num // den``, in one kernel and one
+    read-back."""
     k = cands.numel()
     block = values.shape[1]
     chunk = sizes()["fill"]
     chunks = -(-k // chunk)
-    out = torch.empty(len(starts) * _STATS + chunks, dtype=torch.int64, device=cands.device)
-    at = send(torch.tensor(starts, dtype=torch.int64), cands.device)
-    launch(_group_counts, (len(starts) + chunks,), cands, values, k, block, at, len(starts), out,
+    out = torch.empty(windows * _STATS + chunks, dtype=torch.int64, device=cands.device)
+    launch(_group_counts, (windows + chunks,), cands, values, k, block, windows, num, den, out,
            WINDOW=window, CHUNK=chunk, LANES=min(next_pow2(block), 32), num_warps=sizes()["warps"])
     host = read_back(out).numpy()
-    rows = host[: len(starts) * _STATS].reshape(len(starts), _STATS)
-    union = int(host[len(starts) * _STATS :].sum())
+    rows = host[: windows * _STATS].reshape(windows, _STATS)
+    union = int(host[windows * _STATS :].sum())
     held = rows[rows[:, 2] > 0]
     grouped = {}
     for power in range(7):

@@ -48,21 +48,23 @@ def _sample(cands: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 
 def _window_starts(k: int) -> list[int]:
-    """First candidate of each sampled window (computed on the CPU, so every device samples alike)."""
-    with gpu.on_host():
-        return torch.linspace(0, k - _WINDOW, _WINDOWS).long().tolist()
+    """First candidate of each sampled window: window i starts at ``i * (k - _WINDOW) // (_WINDOWS - 1)``,
+    in integers, so that every device samples alike (the GPU path's kernel computes the same starts
+    itself, so they are never sent to the device)."""
+    return [i * (k - _WINDOW) // (_WINDOWS - 1) for i in range(_WINDOWS)]
 
 
 def _counts_triton(cands: torch.Tensor, values: torch.Tensor) -> tuple[int, int, Callable[[int], int]]:
-    """:func:`_counts` by one kernel on the GPU path (``gpu_decode.group_counts``)."""
+    """:func:`_counts` by one kernel on the GPU path (``gpu_decode.group_counts``): windows spread as
+    :func:`_window_starts` places them, or all of the candidates, window after window."""
     from .gpu_decode import group_counts
 
     k = cands.numel()
-    whole = list(range(0, k, _WINDOW))
-    union, size, grouped = group_counts(cands, values, _window_starts(k) if k > _WINDOWS * _WINDOW else whole,
-                                        _WINDOW)
+    whole = (-(-k // _WINDOW), _WINDOW, 1)  # (windows, and window i starts at i * num // den)
+    spread = (_WINDOWS, k - _WINDOW, _WINDOWS - 1) if k > _WINDOWS * _WINDOW else whole
+    union, size, grouped = group_counts(cands, values, *spread, _WINDOW)
     if union and not size:  # the union lies between the windows: count all of it
-        union, size, grouped = group_counts(cands, values, whole, _WINDOW)
+        union, size, grouped = group_counts(cands, values, *whole, _WINDOW)
     return union, size, grouped.__getitem__
 
 

@@ -43,8 +43,8 @@ _WEIGHTS = {
 class LaunchCounter:
     """Device operations of one session, by phase (:data:`PHASES`)."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = resolve_device(device)
         self.counts = dict.fromkeys(PHASES, 0)
         self.phase = "encode"
         self.paused = 0  # > 0 inside a Triton launch (the interpreter runs torch operations of its own)
@@ -60,6 +60,16 @@ class LaunchCounter:
             yield
         finally:
             self.phase = previous
+
+
+def resolve_device(device: torch.device | str) -> torch.device:
+    """``device`` as a tensor on it reports it: a tensor's CUDA device always names its index, and
+    ``torch.device("cuda") != torch.device("cuda", 0)``, so a counter for plain ``cuda`` would match no
+    tensor and count only the Triton launches and copies noted by hand; plain ``cuda`` is the current one."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 _active: ContextVar[LaunchCounter | None] = ContextVar("lhc_launch_counter", default=None)

@@ -117,6 +117,8 @@ class Rounds(Steps):
         self.sketch: SketchSpec | None = None
         self.peeled = False  # whether peeling recovered every candidate (it cannot stop at the range)
         self.stats: dict = {"protocol": options.mode, "scale_redo": False, "decoded_elements": 0}
+        #: the last round's aggregates as the session received them (the states get them on the device)
+        self.received: Results = {}
 
     # --- helpers ---------------------------------------------------------------------------------
     def agreement(self, words: torch.Tensor) -> None:
@@ -161,11 +163,14 @@ class Rounds(Steps):
         """Where the total goes (not zeroed: every caller writes all of it)."""
         return self.x.new_empty(self.output_range.size) if self.out is None else self.out
 
-    def _parse_header(self, words: torch.Tensor) -> bool:
-        """Read the OR of the headers; True when some worker's input was not finite (the caller then
-        ends the aggregation with :meth:`_nonfinite_outcome`)."""
+    def _parse_header(self, kind: str) -> bool:
+        """Read the OR of the headers, the first words of the ``kind`` message's aggregate; True when some
+        worker's input was not finite (the caller then ends the aggregation with
+        :meth:`_nonfinite_outcome`). Read from the aggregate as it was received: a transport delivers it
+        on the host, where reading costs no device operation; else it is read back."""
         with self.clock("decode"):
-            host = gpu.read_back(words[:HEADER_WORDS])
+            words = self.received[kind][:HEADER_WORDS]
+            host = words if words.device.type == "cpu" else gpu.read_back(words)
             with gpu.on_host():
                 self.nonfinite = nonfinite_ranks(host)
                 self.agreed = parse_header(host, self.world)
@@ -210,7 +215,7 @@ class Rounds(Steps):
 
     def _after_sizing(self, res: Results) -> Round | Outcome:
         """The sizing round: the item counts bound the union, the header fixes the scale."""
-        if self._parse_header(res["header"]):
+        if self._parse_header("header"):
             return self._nonfinite_outcome()
         if self.is_float:
             self._settle_scale()
@@ -264,7 +269,7 @@ class Rounds(Steps):
     def _after_index(self, res: Results) -> Round | Outcome:
         words = res["index"]
         if self.header_in_index:
-            if self._parse_header(words[:HEADER_WORDS]):
+            if self._parse_header("index"):
                 return self._nonfinite_outcome()
             words = words[HEADER_WORDS:]
         with self.clock("decode", "index"):
@@ -338,7 +343,7 @@ class Rounds(Steps):
         return self._dense_round([self._agree(0)], header)  # dense mode does not count items
 
     def _after_dense_header(self, res: Results) -> Round | Outcome:
-        if self._parse_header(res["header"]):
+        if self._parse_header("header"):
             return self._nonfinite_outcome()
         if self.is_float:
             self._settle_scale()
@@ -361,7 +366,7 @@ class Rounds(Steps):
 
     def _after_dense(self, res: Results) -> Round | Outcome:
         if "header" in res:
-            if self._parse_header(res["header"]):
+            if self._parse_header("header"):
                 return self._nonfinite_outcome()
             if not scale_holds(self.agreed, self.assumed, self.lag):
                 self.stats["scale_redo"] = True

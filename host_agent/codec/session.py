@@ -259,9 +259,11 @@ class WorkerSession:
                     step = self._guarded(self._rounds.start)
             else:
                 assert self._next is not None
+                # the agreement was checked when it arrived and is read nowhere else: it stays where it is
                 with launches.counting(self._launches, "transfer"):
-                    results = {kind: to_device(words, self.x.device) for kind, words in self._results.items()}
-                self._results = {}
+                    results = {kind: to_device(words, self.x.device) for kind, words in self._results.items()
+                               if kind != "agree"}
+                self._rounds.received, self._results = self._results, {}
                 with launches.counting(self._launches, "decode"):
                     step = self._guarded(self._next.then, results)
         if isinstance(step, Outcome):
