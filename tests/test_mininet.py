@@ -37,9 +37,9 @@ def leftovers() -> list[str]:
 def check_leafspine_bench(tmp_path: Path, switch: str, length: int) -> None:
     """The benchmark over two leaves and a spine: every row exact, and one partial up and one result down
     per leaf and round on the leaf-spine links."""
-    done = subprocess.run([*RUNNER, "--switch", switch, "--topology", "leafspine", "--workers", "4",
-                           "--workload", "bench", "--length", str(length), "--bw", "0", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    argv = [*RUNNER, "--switch", switch, "--topology", "leafspine", "--workers", "4", "--workload", "bench",
+            "--length", str(length), "--bw", "0", "--out", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     rows = [line for line in lines if "mode" in line]
