@@ -163,6 +163,8 @@ def test_the_controller_writes_every_switch_of_a_fabric_by_the_compiled_p4info(
         written = [decode_table_entry(tofino.p4info, _table_entry(builder, tofino, spec, True))
                    for spec in entries.tables]
         tables = {d.table for d in written}
-        assert {"LhcIngress.jobs", "LhcIngress.workers", "LhcEgress.replicas", "LhcIngress.full_round"} <= tables
+        every_switch = {"LhcIngress.jobs", "LhcIngress.workers", "LhcEgress.replicas",
+                        "LhcIngress.full_round"}
+        assert every_switch <= tables, switch
         assert ("LhcIngress.uplinks" in tables) == switch.startswith("leaf"), switch
         assert SwitchState(frozenset(entries.tables), frozenset()).job_ids() == {0x77}
