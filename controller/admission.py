@@ -128,18 +128,14 @@ def check_member(
     # MACs, ports, duplicates) does not depend on the rank, so the trial numbers the members densely.
     trial = replace(job, members=tuple(replace(m, rank=i) for i, m in enumerate(members)))
     check_reach(job.name, members, topology)
-    if len(member_switches(members)) > 1 and target.name == "tofino":
-        raise errors.invalid(
-            f"job {job.name!r}: worker {member.address} sits under {member.switch}, the others under "
-            f"{member_switches(job.members)}: a two-level job is not built for Tofino (docs/tofino.md)"
-        )
     try:
         if len(member_switches(members)) > 1:
             assert topology is not None
+            # Each switch's layout for its own target: on Tofino one pipe per switch, checked there.
             for layout in fabric_layouts(fabric_job(trial, topology)).values():
-                validate(layout)
-        else:
-            validate(replace(trial.layout(), fan_in=len(members)))
+                validate(layout, target=target.data_plane)
+            return
+        validate(replace(trial.layout(), fan_in=len(members)))
     except InvalidJob as exc:
         raise errors.invalid(f"job {job.name!r}: {exc}") from None
     pipes = {target.pipe_of(m.switch_port) for m in members}

@@ -29,11 +29,12 @@ from lhc_ina.p4rt import EntityBuilder, P4RuntimeClient, decode_table_entry
 
 log = logging.getLogger("lhc-controller.reconcile")
 
-#: The tables the controller owns, in the order a removal clears them.
+#: The tables the controller owns, in the order a removal clears them (`full_round`: TNA only).
 MANAGED_TABLES = (
     lj.JOBS_TABLE,
     lj.UPLINKS_TABLE,
     lj.WORKERS_TABLE,
+    lj.FULL_ROUND_TABLE,
     lj.REPLICAS_TABLE,
     "LhcIngress.ipv4_routes",
     "LhcIngress.l2_forward",
@@ -59,17 +60,19 @@ def normalized_group(group: MulticastGroupSpec) -> MulticastGroupSpec:
 
 
 def desired_state(
-    jobs: Iterable[JobRecord], topology: Topology | None, switch: str = SINGLE
+    jobs: Iterable[JobRecord], topology: Topology | None, switch: str = SINGLE, *,
+    data_plane: lj.Target = "v1model",
 ) -> SwitchState:
     """What ``switch`` must hold: the entries and group of every ACTIVE job that spans it
-    (``controller.spans``), and the topology's forwarding for it."""
+    (``controller.spans``), and the topology's forwarding for it; ``data_plane`` "tna" adds TNA's
+    `full_round` entries."""
     tables: set[TableEntrySpec] = set()
     groups: set[MulticastGroupSpec] = set()
     for job in jobs:
         if job.state is not JobState.ACTIVE:
             continue
         try:
-            entries = job_switch_entries(job, topology).get(switch)
+            entries = job_switch_entries(job, topology, target=data_plane).get(switch)
         except (lj.InvalidJob, ControllerError) as exc:  # admission checked it; a store edited by hand no
             log.error("job %r is not installed: %s", job.name, exc)
             continue
@@ -88,6 +91,8 @@ def read_state(client: P4RuntimeClient, target: Target) -> SwitchState:
     index = target.p4info
     tables: set[TableEntrySpec] = set()
     for table in MANAGED_TABLES:
+        if table == lj.FULL_ROUND_TABLE and target.data_plane != "tna":
+            continue
         for raw in client.read_table(table):
             entry = decode_table_entry(index, raw)
             tables.add(

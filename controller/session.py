@@ -294,7 +294,7 @@ class SwitchSession:
 
     def _reconcile(self, client: P4RuntimeClient, *, write: bool) -> None:
         jobs = self.store.jobs()
-        desired = desired_state(jobs, self.topology, self.name)
+        desired = desired_state(jobs, self.topology, self.name, data_plane=self.target.data_plane)
         actual = read_state(client, self.target)
         updates = plan(desired, actual, self.target)
         if updates and write:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from p4.config.v1 import p4info_pb2
 
+from lhc_ina.jobs import Target as Target_
 from lhc_ina.jobservice import errors
 from lhc_ina.p4info import REPO_ROOT, V1MODEL_P4INFO, P4InfoIndex
 from lhc_ina.tofino import TofinoBundleError, TofinoDeviceConfig
@@ -42,6 +43,11 @@ class Target:
 
     def pipe_of(self, port: int) -> int | None:
         return None if self.pipe_shift is None else port >> self.pipe_shift
+
+    @property
+    def data_plane(self) -> Target_:
+        """Which program's entries (``lhc_ina.jobs.job_entries``): TNA's add `full_round`."""
+        return "tna" if self.name == "tofino" else "v1model"
 
 
 def load_target(name: str, p4info: Path | None = None, device_config: Path | None = None) -> Target:

@@ -120,7 +120,7 @@ def leaf_layout(job: FabricJob, leaf: Leaf) -> JobLayout:
     )
     share = leaf.share
     return JobLayout(job.job_id, share.job_index, share.slot_base, job.slot_count, job.epoch, share.mcast_grp,
-                     leaf.workers, uplink=uplink)
+                     leaf.workers, uplink=uplink, result_mask=(1 << job.world_size) - 1)
 
 
 def spine_layout(job: FabricJob) -> JobLayout:

@@ -30,6 +30,10 @@ SET_JOB = "LhcIngress.set_job"
 ADMIT_WORKER = "LhcIngress.admit_worker"
 SET_REPLICA_DST = "LhcEgress.set_replica_dst"
 SET_UPLINK = "LhcIngress.set_uplink"
+#: TNA only (p4src/tna): what a round's bitmap means for the job, one entry per mask.
+FULL_ROUND_TABLE = "LhcIngress.full_round"
+ROUND_IS_FULL = "LhcIngress.round_is_full"
+ROUND_AWAITS_PARENT = "LhcIngress.round_awaits_parent"
 
 #: Widths of the action parameters the checks below guard (docs/switch.md, "Names").
 _EPOCH_BITS = 16
@@ -93,7 +97,9 @@ class JobLayout:
     """What admission decided for one job: ids, its slot range, its epoch, its group and its workers.
 
     ``fan_in`` defaults to the number of workers; a smaller value (tests only) completes a round with the
-    first ``fan_in`` distinct contributors. ``uplink`` makes the switch a leaf of a two-level job.
+    first ``fan_in`` distinct contributors. ``uplink`` makes the switch a leaf of a two-level job, and
+    ``result_mask`` is then the bitmap of its parent's results (every worker of the job; ``lhc_ina.fabric``
+    sets it): TNA tells a final copy by it. 0 means the members' own mask.
     """
 
     job_id: int
@@ -105,6 +111,7 @@ class JobLayout:
     workers: tuple[WorkerEndpoint, ...]
     fan_in: int = 0
     uplink: Uplink | None = None
+    result_mask: int = 0
 
     @property
     def world_size(self) -> int:
@@ -119,6 +126,11 @@ class JobLayout:
     @property
     def full_mask(self) -> int:
         return sum(w.bit for w in self.workers)
+
+    @property
+    def results_bitmap(self) -> int:
+        """The bitmap of a finished round's result on this switch."""
+        return self.result_mask or self.full_mask
 
 
 @dataclass(frozen=True)
@@ -225,6 +237,11 @@ def validate(job: JobLayout, *, target: Target = "v1model", stamped_epochs: Coll
     )
     if job.uplink is not None:
         _check_uplink(job, job.uplink)
+    _require(
+        job.result_mask == 0 or (job.uplink is not None and job.result_mask & job.full_mask == job.full_mask
+                                 and 0 < job.result_mask < 1 << c.MAX_WORKERS),
+        job, f"result mask {job.result_mask:#x} must be a leaf's, holding its workers {job.full_mask:#x}",
+    )
     seen: dict[tuple[str, int], int] = {}
     for worker in job.workers:
         _check_worker(job, worker)
@@ -314,13 +331,15 @@ def _check_uplink(job: JobLayout, up: Uplink) -> None:
 
 def _check_tna(job: JobLayout) -> None:
     """Tofino: registers are per pipe, so a job's workers share one; the recirculation port is taken; and
-    a round is finished when its bitmap is the full mask, so every admitted worker contributes. Two levels
-    are not built there (docs/tofino.md, "Two levels")."""
-    _require(
-        job.uplink is None and not any(w.stands_for for w in job.workers), job,
-        "a two-level job (a leaf's uplink, or members that stand for a leaf) is not built for Tofino "
-        "(docs/tofino.md, \"Two levels\")",
-    )
+    a round is finished when its bitmap is the full mask, so every admitted worker contributes. A leaf
+    tells a copy awaiting its parent (its workers' mask) from a final one (the result's) by the bitmap,
+    so the two must differ (docs/tofino.md, "Two levels")."""
+    if job.uplink is not None:
+        _require(
+            job.results_bitmap != job.full_mask, job,
+            f"the leaf's workers {job.full_mask:#x} are the whole job's (result mask "
+            f"{job.results_bitmap:#x}): a one-leaf job cannot run on Tofino, give the job to one switch",
+        )
     _require(
         job.world_size == len(job.workers), job,
         f"fan-in {job.world_size} must equal the {len(job.workers)} workers on Tofino (a round is "
@@ -369,5 +388,17 @@ def job_entries(
             SET_REPLICA_DST,
             (("dst_mac", mac_to_int(w.mac)), ("dst_addr", ip_to_int(w.ip)), ("dst_port", w.udp_port)),
         ))
+    if target == "tna":
+        tables += _full_round_entries(job)
     group = MulticastGroupSpec(job.mcast_grp, tuple((w.switch_port, w.rank) for w in workers))
     return JobEntries(tuple(tables), group)
+
+
+def _full_round_entries(job: JobLayout) -> list[TableEntrySpec]:
+    """TNA's `full_round`: the result's bitmap finishes a round; on a leaf its workers' mask makes the copy
+    await its parent."""
+    masks = [(job.results_bitmap, ROUND_IS_FULL)]
+    if job.uplink is not None:
+        masks.append((job.full_mask, ROUND_AWAITS_PARENT))
+    return [TableEntrySpec(FULL_ROUND_TABLE, (("hdr.lhc.job_id", job.job_id), ("hdr.lhc.bitmap", mask)),
+                           action, ()) for mask, action in masks]

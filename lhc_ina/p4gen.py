@@ -75,14 +75,11 @@ def _codes() -> list[tuple[int, str, int]]:
 def _lane_macros() -> list[str]:
     lanes = " ".join(f"M({i})" for i in range(c.LANES))
     pairs = " ".join(f"M({i}, {i + 1})" for i in range(0, c.LANES, 2))
-    masks = " ".join(f"M(8w{n}, 32w{(1 << n) - 1:#x})" for n in range(1, c.MAX_WORKERS + 1))
     return [
         "// LHC_FOR_EACH_LANE(M) expands M(i) for every lane i; LHC_FOR_EACH_LANE_PAIR(M) expands",
-        "// M(i, i + 1) for every even i (the 64-bit value register pairs of p4src/tna);",
-        "// LHC_FOR_EACH_FULL_MASK(M) expands M(n, 2^n - 1) for every worker count n (tna's full_round).",
+        "// M(i, i + 1) for every even i (the 64-bit value register pairs of p4src/tna).",
         f"#define LHC_FOR_EACH_LANE(M) {lanes}",
         f"#define LHC_FOR_EACH_LANE_PAIR(M) {pairs}",
-        f"#define LHC_FOR_EACH_FULL_MASK(M) {masks}",
     ]
 
 

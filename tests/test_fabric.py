@@ -12,7 +12,10 @@ from lhc_ina import constants as c
 from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_entries, fabric_layouts
 from lhc_ina.jobs import (
     ADMIT_WORKER,
+    FULL_ROUND_TABLE,
     JOBS_TABLE,
+    ROUND_AWAITS_PARENT,
+    ROUND_IS_FULL,
     SET_UPLINK,
     UPLINKS_TABLE,
     WORKERS_TABLE,
@@ -155,9 +158,39 @@ def test_a_spine_may_also_hold_workers_of_its_own():
     assert [dict(e.params)["worker_bit"] for e in entries_of(entries.tables, WORKERS_TABLE)] == [0x0F, 0x10]
 
 
-def test_two_levels_are_refused_for_tofino_by_name():
-    for switch, layout in fabric_layouts(fabric()).items():
-        with pytest.raises(InvalidJob, match=r"two-level job .* not built for Tofino"):
-            validate(layout, target="tna")
-        validate(layout)  # v1model runs it
-        assert switch
+def test_tofino_tells_each_switch_its_masks_in_full_round():
+    # TNA finishes a round by its bitmap: the job's full mask everywhere, and on a leaf its workers' mask
+    # means "awaiting the parent" (p4src/tna, `full_round`).
+    found = fabric_entries(fabric((4, 3)), target="tna")
+    rounds = {switch: {(dict(e.match)["hdr.lhc.bitmap"], e.action)
+                       for e in entries_of(entries.tables, FULL_ROUND_TABLE)}
+              for switch, entries in found.items()}
+    assert all(dict(e.match)["hdr.lhc.job_id"] == 0x77 for entries in found.values()
+               for e in entries_of(entries.tables, FULL_ROUND_TABLE))
+    assert rounds == {
+        "spine": {(0x7F, ROUND_IS_FULL)},
+        "leaf0": {(0x7F, ROUND_IS_FULL), (0x0F, ROUND_AWAITS_PARENT)},
+        "leaf1": {(0x7F, ROUND_IS_FULL), (0x70, ROUND_AWAITS_PARENT)},
+    }
+    assert not any(entries_of(e.tables, FULL_ROUND_TABLE) for e in fabric_entries(fabric()).values())
+    one_switch = job_entries(job(3), target="tna")
+    rows = entries_of(one_switch.tables, FULL_ROUND_TABLE)
+    assert [(dict(e.match)["hdr.lhc.bitmap"], e.action) for e in rows] == [(0x7, ROUND_IS_FULL)]
+
+
+def test_tofino_refuses_a_one_leaf_job_by_name():
+    # Its workers' mask would be the result's: awaiting and final would look the same.
+    layouts = fabric_layouts(fabric((4,)))
+    with pytest.raises(InvalidJob, match=r"one-leaf job cannot run on Tofino"):
+        validate(layouts["leaf0"], target="tna")
+    validate(layouts["leaf0"])  # v1model counts down instead
+    validate(layouts["spine"], target="tna")
+
+
+def test_a_result_mask_must_be_a_leafs_and_hold_its_workers():
+    leaf = fabric_layouts(fabric())["leaf1"]
+    assert leaf.result_mask == 0xFF
+    with pytest.raises(InvalidJob, match=r"result mask 0xf must be a leaf's, holding its workers 0xf0"):
+        validate(dataclasses.replace(leaf, result_mask=0x0F))
+    with pytest.raises(InvalidJob, match=r"result mask 0x7 must be a leaf's"):
+        validate(dataclasses.replace(job(3), result_mask=0x7))

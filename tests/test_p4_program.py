@@ -21,6 +21,7 @@ from p4.config.v1 import p4info_pb2
 
 from controller.targets import TNA_FIELD_NAMES
 from lhc_ina import constants as c
+from lhc_ina import jobs as lj
 from lhc_ina.p4info import P4InfoIndex
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,6 +113,8 @@ def parse_program(text: str) -> P4Program:
         # A control's parameter list may contain parentheses only in annotations; we use none.
         prog.controls[m.group(1)] = _block(text, brace)
     for control, body in prog.controls.items():
+        # Annotations on parameters (`@noWarn("unused")`) hold parentheses: drop them first.
+        body = re.sub(r'@\w+\("[^"]*"\)\s*', "", body)
         for m in re.finditer(r"\baction\s+(\w+)\s*\(([^)]*)\)", body):
             params = [
                 (n, PORT_ID_BITS if t == "PortId_t" else int(w))
@@ -431,16 +434,11 @@ def _const_entries(table_body: str) -> list[tuple[tuple[str, ...], str]]:
 
 
 def test_tna_has_the_v1model_tables_and_actions(tna: P4Program, v1model: P4Program) -> None:
-    """The controller drives both programs by the same names, keys and action parameters. The TNA program
-    has one more table per value register pair, `update_A_B`: const entries and a const default, so the
-    controller has nothing to write there. Two levels are v1model's only (docs/tofino.md, "Two levels"):
-    TNA has no `uplinks` table, and ``lhc_ina.jobs.validate(job, target="tna")`` refuses a two-level job."""
-    v1model_only = {"LhcIngress.uplinks"}
-    assert not v1model_only & set(tna.tables)
-    assert not {"LhcIngress.set_uplink", "LhcIngress.no_uplink"} & set(tna.actions)
+    """The controller drives both programs by the same names, keys and action parameters, `uplinks`
+    included. The TNA program has one more table per value register pair, `update_A_B`, and `outcome`:
+    const entries and a const default, so the controller has nothing to write there; and `full_round`,
+    which the controller writes for TNA only (``lhc_ina.jobs.job_entries(job, target="tna")``)."""
     for name, table in v1model.tables.items():
-        if name in v1model_only:
-            continue
         theirs = tna.tables[name]
         keys = [(TNA_FIELD_NAMES.get(e, e), k) for e, k in table.keys]
         assert theirs.keys == keys, name
@@ -449,8 +447,8 @@ def test_tna_has_the_v1model_tables_and_actions(tna: P4Program, v1model: P4Progr
         assert theirs.size == table.size, name
         for action in table.actions:
             assert tna.actions[action] == v1model.actions[action], action
-    internal = set(tna.tables) - set(v1model.tables)
-    want = {f"LhcIngress.update_{a}_{a + 1}" for a in range(0, c.LANES, 2)} | {"LhcIngress.full_round"}
+    internal = set(tna.tables) - set(v1model.tables) - {lj.FULL_ROUND_TABLE}
+    want = {f"LhcIngress.update_{a}_{a + 1}" for a in range(0, c.LANES, 2)} | {"LhcIngress.outcome"}
     assert internal == want
     for name in internal:
         table = tna.tables[name]
@@ -458,6 +456,13 @@ def test_tna_has_the_v1model_tables_and_actions(tna: P4Program, v1model: P4Progr
         ingress = tna.controls["LhcIngress"]
         body = _block(ingress, ingress.index("{", ingress.index(f"table {name.split('.')[1]} ")))
         assert _const_entries(body), f"{name}: an internal table must have const entries"
+    # full_round: the names lhc_ina.jobs writes, exact on (job, bitmap), one entry per mask and job (two on
+    # a leaf).
+    full_round = tna.tables[lj.FULL_ROUND_TABLE]
+    assert full_round.keys == [("hdr.lhc.job_id", "EXACT"), ("hdr.lhc.bitmap", "EXACT")]
+    assert set(full_round.actions) == {lj.ROUND_IS_FULL, lj.ROUND_AWAITS_PARENT, "LhcIngress.NoAction"}
+    for name in (lj.ROUND_IS_FULL, lj.ROUND_AWAITS_PARENT):
+        assert tna.actions[name] == [], name
 
 
 def test_tna_every_lane_is_in_exactly_one_register_pair(tna: P4Program) -> None:
@@ -560,4 +565,4 @@ def test_tna_later_passes_still_parse_as_lhc(tna: P4Program, tna_text: str) -> N
     assert re.search(r"transition\s+accept\s*;", recirc)
     actions = re.findall(r"\baction\s+(\w+)\s*\([^)]*\)\s*\{([^}]*)\}", tna.controls["LhcIngress"])
     writers = {name for name, body in actions if re.search(r"hdr\.udp\.dst_port\s*=", body)}
-    assert writers == {"send_retransmission"}
+    assert writers == {"send_retransmission", "send_up"}  # last passes (a leaf's partial: the uplink's port)

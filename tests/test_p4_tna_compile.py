@@ -3,7 +3,9 @@
 - bf-p4c compiles ``p4src/tna/lhc.p4`` for Tofino-1 without a warning, and its assembler writes the
   binary (``pipe/tofino.bin``) and the driver's ``pipe/context.json``.
 - The placement is docs/tofino.md's: 12 stages at most, the slot state in stages 1 (rounds) and 2
-  (bitmaps), the value register pairs four per stage after `seen`.
+  (bitmaps), the value register pairs four per stage after `seen`; the two-level tables (docs/switch.md,
+  "Two levels") in it: `uplinks` with `jobs` in stage 0, `full_round` where the values start, `outcome`
+  after it.
 - The stateful ALUs return what the program means: the stored value (``mem_*``) where a RegisterAction
   returns a half before updating it (bf-p4c 9.13.4 can silently pick the updated one, ``alu_*``), the
   updated one where it means that.
@@ -84,6 +86,11 @@ def test_placement_fits_tofino1(compiled: tuple[Path, str]) -> None:
     assert all(n <= TOFINO1_SALUS_PER_STAGE for n in per_stage.values()), per_stage
     for a in range(0, c.LANES, 2):
         assert stages[f"LhcIngress.update_{a}_{a + 1}"] == stages[f"LhcIngress.values_{a}_{a + 1}"]
+    # Two levels: the uplink is looked up with the job; what a round's bitmap means, once it is known
+    # (after `seen`); the outcome, from it.
+    assert stages["LhcIngress.uplinks"] == stages["LhcIngress.jobs"] == [0]
+    assert stages["LhcIngress.full_round"] == [min(per_stage)]
+    assert stages["LhcIngress.outcome"][0] > stages["LhcIngress.full_round"][0]
 
 
 def test_stateful_alus_return_what_the_program_means(compiled: tuple[Path, str]) -> None:
@@ -105,6 +112,11 @@ def test_stateful_alus_return_what_the_program_means(compiled: tuple[Path, str])
         assert output(f"round_stale_{copy}_check").endswith("mem_hi"), copy
         assert output(f"round_start_{copy}_check").endswith("alu_hi"), copy
     assert output("bitmap_join").endswith("mem_lo")
+    # A parent's result: stored (output 0) only by a copy that awaits it, else the bitmap as found; its
+    # round check outputs nonzero (a predicate) for any other round, and writes nothing.
+    assert output("bitmap_store") == "cmplo, mem_lo"
+    for copy in ("c0", "c1"):
+        assert output(f"round_other_{copy}_check").endswith("predicate"), copy
     for a in range(0, c.LANES, 2):
         for kind in ("first", "add", "or"):
             assert output(f"{kind}_{a}_{a + 1}").endswith("alu_lo"), (kind, a)  # the updated low half
@@ -123,3 +135,36 @@ def test_ingress_parser_keeps_its_selects(compiled: tuple[Path, str]) -> None:
     assert len(re.findall(r"^\s+match:", body, re.M)) >= 5, body
     starts = [state for state in re.split(r"\n    (?=\S)", body) if "next: parse_recirc" in state]
     assert starts and "next: parse_ethernet" in starts[0], "the start state must branch both ways"
+
+
+def test_the_controller_writes_every_switch_of_a_fabric_by_the_compiled_p4info(
+    tmp_path: Path,
+) -> None:
+    # The entries lhc_ina.jobs makes for Tofino (a spine, a leaf with its uplink, TNA's full_round), built
+    # into P4Runtime messages against bf-p4c's own P4Info (standard externs, as `make p4` writes it): every
+    # table, action and parameter name exists there with the width the entries need.
+    from controller.reconcile import SwitchState, _table_entry
+    from controller.targets import load_target
+    from lhc_ina.fabric import fabric_entries
+    from lhc_ina.p4rt import EntityBuilder, decode_table_entry
+    from tests.test_fabric import fabric
+
+    out = tmp_path
+    proc = subprocess.run(
+        [tofino_compiler(), "--target", "tofino", "--arch", "tna", "-o", str(out), "--p4runtime-files",
+         str(out / "lhc.p4info.txtpb"), "--p4runtime-force-std-externs", str(TNA_P4)],
+        capture_output=True, text=True, timeout=3600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (out / "device.bin").write_bytes(b"device data")
+    tofino = load_target("tofino", out / "lhc.p4info.txtpb", out / "device.bin")
+    builder = EntityBuilder(tofino.p4info)
+    for switch, entries in fabric_entries(fabric((4, 3)), target="tna").items():
+        written = [decode_table_entry(tofino.p4info, _table_entry(builder, tofino, spec, True))
+                   for spec in entries.tables]
+        tables = {d.table for d in written}
+        every_switch = {"LhcIngress.jobs", "LhcIngress.workers", "LhcEgress.replicas",
+                        "LhcIngress.full_round"}
+        assert every_switch <= tables, switch
+        assert ("LhcIngress.uplinks" in tables) == switch.startswith("leaf"), switch
+        assert SwitchState(frozenset(entries.tables), frozenset()).job_ids() == {0x77}

@@ -61,10 +61,8 @@ header lhc_t {
 }
 
 // LHC_FOR_EACH_LANE(M) expands M(i) for every lane i; LHC_FOR_EACH_LANE_PAIR(M) expands
-// M(i, i + 1) for every even i (the 64-bit value register pairs of p4src/tna);
-// LHC_FOR_EACH_FULL_MASK(M) expands M(n, 2^n - 1) for every worker count n (tna's full_round).
+// M(i, i + 1) for every even i (the 64-bit value register pairs of p4src/tna).
 #define LHC_FOR_EACH_LANE(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) M(16) M(17) M(18) M(19) M(20) M(21) M(22) M(23) M(24) M(25) M(26) M(27) M(28) M(29) M(30) M(31) M(32) M(33) M(34) M(35) M(36) M(37) M(38) M(39) M(40) M(41) M(42) M(43) M(44) M(45) M(46) M(47) M(48) M(49) M(50) M(51) M(52) M(53) M(54) M(55) M(56) M(57) M(58) M(59) M(60) M(61) M(62) M(63)
 #define LHC_FOR_EACH_LANE_PAIR(M) M(0, 1) M(2, 3) M(4, 5) M(6, 7) M(8, 9) M(10, 11) M(12, 13) M(14, 15) M(16, 17) M(18, 19) M(20, 21) M(22, 23) M(24, 25) M(26, 27) M(28, 29) M(30, 31) M(32, 33) M(34, 35) M(36, 37) M(38, 39) M(40, 41) M(42, 43) M(44, 45) M(46, 47) M(48, 49) M(50, 51) M(52, 53) M(54, 55) M(56, 57) M(58, 59) M(60, 61) M(62, 63)
-#define LHC_FOR_EACH_FULL_MASK(M) M(8w1, 32w0x1) M(8w2, 32w0x3) M(8w3, 32w0x7) M(8w4, 32w0xf) M(8w5, 32w0x1f) M(8w6, 32w0x3f) M(8w7, 32w0x7f) M(8w8, 32w0xff) M(8w9, 32w0x1ff) M(8w10, 32w0x3ff) M(8w11, 32w0x7ff) M(8w12, 32w0xfff) M(8w13, 32w0x1fff) M(8w14, 32w0x3fff) M(8w15, 32w0x7fff) M(8w16, 32w0xffff) M(8w17, 32w0x1ffff) M(8w18, 32w0x3ffff) M(8w19, 32w0x7ffff) M(8w20, 32w0xfffff) M(8w21, 32w0x1fffff) M(8w22, 32w0x3fffff) M(8w23, 32w0x7fffff) M(8w24, 32w0xffffff) M(8w25, 32w0x1ffffff) M(8w26, 32w0x3ffffff) M(8w27, 32w0x7ffffff) M(8w28, 32w0xfffffff) M(8w29, 32w0x1fffffff) M(8w30, 32w0x3fffffff) M(8w31, 32w0x7fffffff) M(8w32, 32w0xffffffff)
 
 #endif  // LHC_CONSTANTS_P4_

@@ -4,9 +4,15 @@
 //   - Every register is touched by at most one RegisterAction per pass, and has at most four.
 //   - Slot state: the round of each copy, {seq, epoch}, held twice (`round_stale_cV` says whether the
 //     packet is of an older round, `round_start_cV` whether it starts one: a Tofino-1 stateful ALU has one
-//     output), one register per copy indexed by slot_base + slot; then `bitmaps` (per cell). A round is
-//     finished when its bitmap is the job's full mask (TNA admits only fan_in == the worker count), which
-//     the const table `full_round` tells; there is no count-down register.
+//     output), one register per copy indexed by slot_base + slot; then `bitmaps` (per cell: the
+//     contributors, and whether a leaf's copy awaits its parent). A round is finished when its bitmap is
+//     the job's full mask (TNA admits only fan_in == the worker count), and a leaf's copy awaits its parent
+//     when the bitmap is the leaf's workers' mask: the controller's table `full_round`, keyed on (job,
+//     bitmap), tells both; there is no count-down register.
+//   - Two levels (docs/switch.md, "Two levels"): `uplinks` as in v1model; a result is taken only from the
+//     leaf's parent (address, UDP port and switch port, compared by XOR in `set_uplink`), stored in one
+//     pass by a copy that awaits exactly its round, and multicast. The partial goes up after the pass that
+//     reads its high halves, as a result does.
 //   - Values: all LANES lanes in 64-bit register pairs `values_A_B` (lanes A and A + 1), updated in the
 //     first pass. A stateful ALU returns 32 bits, so the update returns the low half; the high halves of a
 //     result are read in a second pass. Only results (and retransmitted results) recirculate.
@@ -29,6 +35,11 @@ const bit<7> LHC_RECIRC_PORT_LOCAL = 68;
 const bit<8> LHC_RECIRC_RESULT = 1;   // a finished copy: read the high halves, multicast
 const bit<8> LHC_RECIRC_RETX_LO = 2;  // a duplicate of a finished copy: read the low halves (OR zeros)
 const bit<8> LHC_RECIRC_RETX_HI = 3;  // ... then the high halves, unicast to the sender
+const bit<8> LHC_RECIRC_UP = 4;       // a leaf's copy got its last worker: read the high halves, send up
+const bit<8> LHC_RECIRC_UP_RETX_LO = 5;  // a repeat while the copy awaits its parent: the low halves
+const bit<8> LHC_RECIRC_UP_RETX_HI = 6;  // ... then the high halves, the partial up again
+// bitmaps.hi of a leaf's copy whose partial went up and whose parent's result has not come back.
+const bit<32> LHC_AWAITING_PARENT = 1;
 // A copy's cell: ver ++ slot, i.e. ver * MAX_SLOTS + slot (two PHV sources, which one Tofino instruction
 // can combine; v1model's slot * 2 + ver would need a shift and an add).
 typedef bit<LHC_CELL_INDEX_BITS> cell_index_t;
@@ -70,20 +81,35 @@ struct lhc_ig_metadata_t {
     bit<1>  worker_hit;
     bit<8>  job_index;
     bit<8>  row;           // lhc_stats row: job_index once the packet passed the header checks, else 0
-    bit<8>  fan_in;
     bit<16> mcast_grp;
     bit<32> epoch;         // the job's epoch, widened to the register half
     bit<32> worker_bit;
     bit<16> slot;          // slot_base + slot: the bitmap registers' index
     bit<16> slot_room;     // slot_count - slot mod 2^16: in [1, MAX_SLOTS] exactly when slot < slot_count
     cell_index_t cell;     // ver ++ slot
-    bit<32> stale;         // nonzero: the packet is of a round older than its copy's (round_stale_cV)
+    bit<32> stale;         // nonzero: the packet is of a round older than its copy's (round_stale_cV);
+                           // a parent's result: not of the copy's round (round_other_cV)
     bit<32> starts;        // nonzero: it starts the copy's round: a fresh copy or a newer round
     bit<32> old_bitmap;    // this copy's bitmap before this packet (0 for the first of a round)
     bit<32> seen;          // old_bitmap & worker_bit: a repeat
     bit<1>  finished;      // hdr.lhc.bitmap (old | this worker) is the job's full mask (full_round)
+    bit<1>  awaits;        // ... is a leaf's workers' mask: the copy awaits its parent (full_round)
     bit<8>  vmode;
     bit<8>  stat;
+    // Two levels: a leaf's way up (`uplinks`), and whether this packet is its parent's result.
+    bit<1>  has_uplink;
+    PortId_t up_port;
+    bit<8>  up_worker_id;
+    bit<48> up_src_mac;
+    bit<48> up_dst_mac;
+    bit<32> up_src_addr;
+    bit<32> up_dst_addr;
+    bit<16> up_src_port;
+    bit<16> up_dst_port;
+    bit<32> parent_addr_diff;  // IPv4 source ^ the uplink's dst_addr: 0 from the parent's address
+    bit<16> parent_udp_diff;   // UDP source port ^ its dst_port
+    PortId_t parent_port_diff; // ingress port ^ its port
+    bit<1>  from_parent;       // the leaf's parent's result of its copy's round (RESULT or RESULT_RETX)
 }
 
 struct lhc_eg_metadata_t { }
@@ -107,7 +133,6 @@ parser LhcIngressParser(packet_in packet,
         meta.worker_hit = 0;
         meta.job_index = 0;
         meta.row = 0;
-        meta.fan_in = 0;
         meta.mcast_grp = 0;
         meta.epoch = 0;
         meta.worker_bit = 0;
@@ -119,8 +144,22 @@ parser LhcIngressParser(packet_in packet,
         meta.old_bitmap = 0;
         meta.seen = 0;
         meta.finished = 0;
+        meta.awaits = 0;
         meta.vmode = LHC_VMODE_NONE;
         meta.stat = 0;
+        meta.has_uplink = 0;
+        meta.up_port = 0;
+        meta.up_worker_id = 0;
+        meta.up_src_mac = 0;
+        meta.up_dst_mac = 0;
+        meta.up_src_addr = 0;
+        meta.up_dst_addr = 0;
+        meta.up_src_port = 0;
+        meta.up_dst_port = 0;
+        meta.parent_addr_diff = 0;
+        meta.parent_udp_diff = 0;
+        meta.parent_port_diff = 0;
+        meta.from_parent = 0;
         transition select(ig_intr_md.ingress_port[6:0]) {
             LHC_RECIRC_PORT_LOCAL: parse_recirc;
             default: parse_ethernet;
@@ -199,6 +238,11 @@ parser LhcIngressParser(packet_in packet,
 #define LHC_TNA_PAIR_APPLY(A, B) update_##A##_##B.apply();
 #define LHC_TNA_ZERO_LANE(L) hdr.payload.w##L = 0;
 
+// A drop's outcome and the drop itself each alone in its container: then the many drops of the checks set
+// them with an instruction's constant, where a container shared with other fields needs a bitmasked set
+// whose value and mask take action-data-bus bytes, which stage 1 needs for the round registers' outputs.
+@pa_solitary("ingress", "meta.stat")
+@pa_solitary("ingress", "ig_intr_md_for_dprsr.drop_ctl")
 control LhcIngress(inout lhc_ig_headers_t hdr,
                    inout lhc_ig_metadata_t meta,
                    in ingress_intrinsic_metadata_t ig_intr_md,
@@ -248,22 +292,59 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                 rv = 0;                                                                           \
             }                                                                                     \
         }                                                                                         \
+    };                                                                                            \
+    /* A parent's result: nonzero unless it is of the copy's round (it is then stale). Writes     \
+       nothing. Its output goes where round_stale's does (one output field per stateful ALU). */  \
+    RegisterAction<pair_t, bit<16>, bit<32>>(round_stale_##C) round_other_##C##_check = {         \
+        void apply(inout pair_t v, out bit<32> rv) {                                              \
+            if (v.hi == meta.epoch && hdr.lhc.seq == v.lo) {                                      \
+                rv = 0;                                                                           \
+            } else {                                                                              \
+                rv = 1;                                                                           \
+            }                                                                                     \
+        }                                                                                         \
     };
     LHC_TNA_ROUND_REGISTERS(c0)
     LHC_TNA_ROUND_REGISTERS(c1)
 
-    // The contributors of each copy's round, indexed by cell. The first of a round sets its bit alone;
-    // a later packet of the round ORs its bit in and gets the bitmap as found (its bit set: a repeat).
-    Register<bit<32>, cell_index_t>(LHC_SLOT_CELLS) bitmaps;
-    RegisterAction<bit<32>, cell_index_t, bit<32>>(bitmaps) bitmap_start = {
-        void apply(inout bit<32> v) {
-            v = meta.worker_bit;
+    // Per cell, {lo: the contributors of the copy's round, hi: LHC_AWAITING_PARENT while a leaf's copy
+    // awaits its parent, else 0}. The first of a round sets its bit alone; a later packet of the round ORs
+    // its bit in and gets the bitmap as found (its bit set: a repeat). A leaf marks its copy awaiting in the
+    // pass that sends the partial up (the first pass cannot: it learns that the leaf's round is complete
+    // only in `full_round`, after this stage), and its parent's result is stored only by a marked copy.
+    Register<pair_t, cell_index_t>(LHC_SLOT_CELLS) bitmaps;
+    RegisterAction<pair_t, cell_index_t, bit<32>>(bitmaps) bitmap_start = {
+        void apply(inout pair_t v) {
+            v.lo = meta.worker_bit;
+            v.hi = 0;
         }
     };
-    RegisterAction<bit<32>, cell_index_t, bit<32>>(bitmaps) bitmap_join = {
-        void apply(inout bit<32> v, out bit<32> rv) {
-            rv = v;
-            v = v | meta.worker_bit;
+    RegisterAction<pair_t, cell_index_t, bit<32>>(bitmaps) bitmap_join = {
+        void apply(inout pair_t v, out bit<32> rv) {
+            rv = v.lo;
+            v.lo = v.lo | meta.worker_bit;
+        }
+    };
+    // The partial (its bitmap the leaf's workers') goes up: the copy awaits its parent, unless a result
+    // was stored meanwhile (a repeat's partial can still be in its later passes then).
+    RegisterAction<pair_t, cell_index_t, bit<32>>(bitmaps) bitmap_await = {
+        void apply(inout pair_t v) {
+            if (v.lo == hdr.lhc.bitmap) {
+                v.hi = LHC_AWAITING_PARENT;
+            }
+        }
+    };
+    // The parent's result of the copy's round: 0 when the copy awaited it (then it holds the result's
+    // bitmap and is final); otherwise the bitmap as found, and nothing is written.
+    RegisterAction<pair_t, cell_index_t, bit<32>>(bitmaps) bitmap_store = {
+        void apply(inout pair_t v, out bit<32> rv) {
+            if (v.hi != LHC_AWAITING_PARENT) {
+                rv = v.lo;
+            } else {
+                v.lo = hdr.lhc.bitmap;
+                v.hi = 0;
+                rv = 0;
+            }
         }
     };
 
@@ -299,7 +380,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         size = 1024;
     }
 
-    action set_job(bit<8> job_index, bit<16> slot_base, bit<16> slot_count, bit<8> fan_in,
+    action set_job(bit<8> job_index, bit<16> slot_base, bit<16> slot_count, @noWarn("unused") bit<8> fan_in,
                    bit<16> mcast_grp, bit<16> epoch) {
         meta.job_hit = 1;
         meta.job_index = job_index;
@@ -309,7 +390,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         // A gateway compares a field with a constant, not two fields. With slot < MAX_SLOTS (checked first)
         // and slot_count <= MAX_SLOTS, slot >= slot_count makes this 0 or >= 2^16 - MAX_SLOTS + 1.
         meta.slot_room = slot_count - hdr.lhc.slot;
-        meta.fan_in = fan_in;
+        // fan_in is v1model's count-down; here a round's end is its bitmap (`full_round`).
         meta.mcast_grp = mcast_grp;
         meta.epoch = (bit<32>)epoch;
     }
@@ -347,22 +428,66 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         size = 2048;
     }
 
+    // --- two levels: a leaf's way up to its parent (docs/switch.md, "Two levels") -----------------
+    // A gateway compares a field with a constant, not two fields: "from the parent" is three differences
+    // (address, UDP port, switch port) that must be 0, formed here by XOR with the uplink's values.
+    action set_uplink(PortId_t port, bit<8> worker_id, bit<48> src_mac, bit<48> dst_mac, bit<32> src_addr,
+                      bit<32> dst_addr, bit<16> src_port, bit<16> dst_port) {
+        meta.has_uplink = 1;
+        meta.up_port = port;
+        meta.up_worker_id = worker_id;
+        meta.up_src_mac = src_mac;
+        meta.up_dst_mac = dst_mac;
+        meta.up_src_addr = src_addr;
+        meta.up_dst_addr = dst_addr;
+        meta.up_src_port = src_port;
+        meta.up_dst_port = dst_port;
+        meta.parent_addr_diff = hdr.ipv4.src_addr ^ dst_addr;
+        meta.parent_udp_diff = hdr.udp.src_port ^ dst_port;
+        meta.parent_port_diff = ig_intr_md.ingress_port ^ port;
+    }
+
+    // No uplink: no result is from a parent (a nonzero difference).
+    action no_uplink() {
+        meta.has_uplink = 0;
+        meta.parent_addr_diff = 1;
+    }
+
+    table uplinks {
+        key = { hdr.lhc.job_id: exact; }
+        actions = { set_uplink; @defaultonly no_uplink; }
+        const default_action = no_uplink();
+        size = LHC_MAX_JOBS;
+    }
+
     // The value registers: one table per pair (const entries; the controller never touches them).
     LHC_FOR_EACH_LANE_PAIR(LHC_TNA_PAIR)
 
     // --- first pass: checks and slot state ----------------------------------------------------------
-    // Dropped before `jobs` applies in v1model: counted in row 0.
-    action reject(bit<8> stat) {
-        meta.stat = stat;
-        drop();
+    // One action per drop, its outcome a constant in the body (an instruction's immediate): an action
+    // argument would be action data, and stage 1's action data bus is needed for the round registers'
+    // outputs. Dropped before `jobs` applies in v1model: counted in row 0.
+#define LHC_TNA_REJECT(NAME, STAT)                                                                \
+    action reject_##NAME() {                                                                      \
+        meta.stat = (bit<8>)STAT;                                                                 \
+        drop();                                                                                   \
     }
-
     // Dropped after `jobs` hit: counted in the job's row.
-    action reject_in_job(bit<8> stat) {
-        meta.row = meta.job_index;
-        meta.stat = stat;
-        drop();
+#define LHC_TNA_REJECT_IN_JOB(NAME, STAT)                                                         \
+    action reject_##NAME() {                                                                      \
+        meta.row = meta.job_index;                                                                \
+        meta.stat = (bit<8>)STAT;                                                                 \
+        drop();                                                                                   \
     }
+    LHC_TNA_REJECT(malformed, LHC_STAT_DROP_MALFORMED)
+    LHC_TNA_REJECT(bad_type, LHC_STAT_DROP_BAD_TYPE)
+    LHC_TNA_REJECT(bad_op, LHC_STAT_DROP_BAD_OP)
+    LHC_TNA_REJECT(unknown_job, LHC_STAT_DROP_UNKNOWN_JOB)
+    LHC_TNA_REJECT_IN_JOB(stale_epoch, LHC_STAT_DROP_STALE_EPOCH)
+    LHC_TNA_REJECT_IN_JOB(slot_range, LHC_STAT_DROP_SLOT_RANGE)
+    LHC_TNA_REJECT_IN_JOB(bad_worker, LHC_STAT_DROP_BAD_WORKER)
+    LHC_TNA_REJECT_IN_JOB(stale_round, LHC_STAT_DROP_STALE_ROUND)
+    LHC_TNA_REJECT_IN_JOB(stale_result, LHC_STAT_DROP_STALE_RESULT)
 
     action accept() {
         meta.row = meta.job_index;
@@ -392,24 +517,25 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         hdr.lhc.bitmap = meta.old_bitmap | meta.worker_bit;
     }
 
-    // Is the round's bitmap, this packet's bit included, the job's full mask? The job's ranks are
-    // 0 .. fan_in - 1 (TNA admission: fan_in == the worker count), so the mask is 2^fan_in - 1.
+    // What the round's bitmap (this packet's bit included) means for the job: its full mask (the round is
+    // finished), or on a leaf its workers' mask (the copy awaits its parent). The controller writes one
+    // entry per job, two on a leaf (lhc_ina.jobs.job_entries, target "tna"): the masks are per job.
     action round_is_full() {
         meta.finished = 1;
     }
 
-#define LHC_TNA_FULL_MASK(N, MASK) (N, MASK): round_is_full();
+    action round_awaits_parent() {
+        meta.awaits = 1;
+    }
+
     table full_round {
         key = {
-            meta.fan_in: exact;
+            hdr.lhc.job_id: exact;
             hdr.lhc.bitmap: exact;
         }
-        actions = { round_is_full; @defaultonly NoAction; }
+        actions = { round_is_full; round_awaits_parent; @defaultonly NoAction; }
         const default_action = NoAction();
-        size = LHC_MAX_WORKERS;
-        const entries = {
-            LHC_FOR_EACH_FULL_MASK(LHC_TNA_FULL_MASK)
-        }
+        size = 2 * LHC_MAX_JOBS;
     }
 
     // --- outcomes -------------------------------------------------------------------------------------
@@ -455,6 +581,52 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         drop();
     }
 
+    // A leaf's round is complete (its workers' mask): the partial goes up after the pass that reads the
+    // high halves (send_up).
+    action up() {
+        hdr.recirc.flags = LHC_RECIRC_UP;
+        meta.stat = (bit<8>)LHC_STAT_UP;
+        to_recirculation();
+    }
+
+    // A repeat while the copy awaits its parent: the partial goes up again (low, then high halves).
+    action up_retransmit() {
+        hdr.recirc.flags = LHC_RECIRC_UP_RETX_LO;
+        meta.stat = (bit<8>)LHC_STAT_UP_RETX;
+        to_recirculation();
+    }
+
+    // --- a parent's result, on a leaf ------------------------------------------------------------------
+    // Of the copy's round (same epoch and seq): the copy stores it if it awaits it (bitmap_store).
+    action store_result() {
+        meta.from_parent = 1;
+        meta.old_bitmap = bitmap_store.execute(meta.cell);
+    }
+
+    // Stored: its words become the values (`first`), and it is the leaf's result as it stands.
+    action stored_result() {
+        meta.vmode = LHC_VMODE_START;
+    }
+
+    // Not stored: `full_round` on the copy's bitmap tells a final copy (a duplicate) from one that is not
+    // awaiting this result (stale). The packet is dropped, so its bitmap field can carry the key.
+    action note_result() {
+        hdr.lhc.bitmap = meta.old_bitmap;
+    }
+
+    // The leaf's RESULT: the parent's result, sourced from the address it was sent to, multicast in this
+    // very pass (its payload is the result; `first` returned its low halves unchanged).
+    action result_from_parent() {
+        hdr.lhc.msg_type = LHC_TYPE_RESULT;
+        hdr.ethernet.src_addr = hdr.ethernet.dst_addr;
+        hdr.ipv4.src_addr = hdr.ipv4.dst_addr;
+        hdr.udp.src_port = hdr.udp.dst_port;
+        hdr.udp.checksum = 0;
+        ig_tm_md.mcast_grp_a = meta.mcast_grp;
+        hdr.recirc.setInvalid();
+        meta.stat = (bit<8>)LHC_STAT_RESULT;
+    }
+
     // --- later passes -------------------------------------------------------------------------------
     action later_pass() {
         meta.cell = hdr.lhc.ver ++ hdr.recirc.slot[(LHC_SLOT_INDEX_BITS - 1):0];
@@ -471,6 +643,16 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         to_recirculation();
     }
 
+    action read_high_halves_next_up() {
+        hdr.recirc.flags = LHC_RECIRC_UP_RETX_HI;
+        to_recirculation();
+    }
+
+    // The pass that sends the partial up: the copy now awaits its parent.
+    action mark_awaiting() {
+        bitmap_await.execute(meta.cell);
+    }
+
     action send_result() {
         ig_tm_md.mcast_grp_a = hdr.recirc.mcast_grp;
         hdr.recirc.setInvalid();
@@ -485,14 +667,82 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         hdr.recirc.setInvalid();
     }
 
+    // The leaf's partial (the payload holds the copy's values, the bitmap its workers' mask), one DATA
+    // packet up: addresses and port from `uplinks`, looked up again in this pass.
+    action send_up() {
+        hdr.lhc.worker_id = meta.up_worker_id;
+        hdr.ethernet.src_addr = meta.up_src_mac;
+        hdr.ethernet.dst_addr = meta.up_dst_mac;
+        hdr.ipv4.src_addr = meta.up_src_addr;
+        hdr.ipv4.dst_addr = meta.up_dst_addr;
+        hdr.udp.src_port = meta.up_src_port;
+        hdr.udp.dst_port = meta.up_dst_port;
+        hdr.udp.checksum = 0;
+        ig_tm_md.ucast_egress_port = meta.up_port;
+        ig_tm_md.bypass_egress = 1;
+        hdr.recirc.setInvalid();
+    }
+
+    // What becomes of the packet, from what the stages before found: one table, so that the outcomes
+    // take one stage's logical tables, not one gateway and one table each. Entries in priority order.
+    // full_round's flags matter only for a contribution (START or SAME) or a parent's result.
+    table outcome {
+        key = {
+            meta.from_parent: ternary;
+            meta.vmode: ternary;
+            meta.seen: ternary;
+            meta.finished: ternary;
+            meta.awaits: ternary;
+            hdr.recirc.flags: ternary;
+            meta.has_uplink: ternary;
+        }
+        actions = {
+            result_from_parent; duplicate; reject_stale_result; result; up; absorbed; retransmit;
+            up_retransmit; read_high_halves_next; read_high_halves_next_up; send_result;
+            send_retransmission; send_up; drop; @defaultonly NoAction;
+        }
+        const default_action = NoAction();
+        size = 32;
+        const entries = {
+            // A parent's result of the copy's round (a leaf): stored, or the copy is final, or not awaiting.
+            (1, LHC_VMODE_START, _, _, _, _, _): result_from_parent();
+            (1, _, _, 1, _, _, _): duplicate();
+            (1, _, _, _, _, _, _): reject_stale_result();
+            // A worker's (or, at a spine, a leaf's) packet: the first of a round, or one of its round.
+            (0, LHC_VMODE_START, _, 1, _, _, _): result();
+            (0, LHC_VMODE_START, _, _, 1, _, _): up();
+            (0, LHC_VMODE_START, _, _, _, _, _): absorbed();
+            (0, LHC_VMODE_SAME, 0, 1, _, _, _): result();
+            (0, LHC_VMODE_SAME, 0, _, 1, _, _): up();
+            (0, LHC_VMODE_SAME, 0, _, _, _, _): absorbed();
+            (0, LHC_VMODE_SAME, _, 1, _, _, _): retransmit();
+            (0, LHC_VMODE_SAME, _, _, 1, _, _): up_retransmit();
+            (0, LHC_VMODE_SAME, _, _, _, _, _): duplicate();
+            // Later passes: the low halves were read (retransmissions), or the high halves (the last pass).
+            (_, LHC_VMODE_OR, _, _, _, LHC_RECIRC_RETX_LO, _): read_high_halves_next();
+            (_, LHC_VMODE_OR, _, _, _, _, _): read_high_halves_next_up();
+            (_, LHC_VMODE_HI, _, _, _, LHC_RECIRC_RESULT, _): send_result();
+            (_, LHC_VMODE_HI, _, _, _, LHC_RECIRC_RETX_HI, _): send_retransmission();
+            (_, LHC_VMODE_HI, _, _, _, _, 1): send_up();
+            (_, LHC_VMODE_HI, _, _, _, _, _): drop();  // a partial whose uplink went between the passes
+        }
+    }
+
     // First pass of an lhc packet: checks, slot state and every value lane; the outcome is counted here.
-    // Only a result (one more pass: the high halves) and a retransmission (two more: low, then high
-    // halves) recirculate. Egress sees only the multicast copies of a result.
+    // Only a result and a leaf's partial (one more pass: the high halves) and a retransmission of either
+    // (two more: low, then high halves) recirculate; a leaf's RESULT from its parent's does not. Egress
+    // sees only the multicast copies of a result.
     apply {
+        // On every pass: a later pass that sends a partial up needs the uplink's addresses again.
+        if (hdr.lhc.isValid()) {
+            uplinks.apply();
+        }
         if (meta.later == 1) {
             later_pass();
-            if (hdr.recirc.flags == LHC_RECIRC_RETX_LO) {
+            if (hdr.recirc.flags == LHC_RECIRC_RETX_LO || hdr.recirc.flags == LHC_RECIRC_UP_RETX_LO) {
                 read_low_halves();
+            } else if (hdr.recirc.flags == LHC_RECIRC_UP || hdr.recirc.flags == LHC_RECIRC_UP_RETX_HI) {
+                mark_awaiting();
             }
         } else if (hdr.udp.isValid() && (hdr.udp.dst_port & LHC_UDP_PORT_MASK) == LHC_UDP_PORT_BASE) {
             // Both lookups run on every lhc packet (they only read), so that neither waits for the other
@@ -501,41 +751,69 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
             workers.apply();
             // One small condition each: a Tofino gateway reads at most 4 bytes + 12 bits of PHV.
             if (ig_prsr_md.parser_err != PARSER_ERROR_OK || !hdr.payload.isValid() || hdr.lhc.flags != 0) {
-                reject((bit<8>)LHC_STAT_DROP_MALFORMED);
+                reject_malformed();
             } else if (hdr.udp.length != LHC_UDP_LENGTH || hdr.ipv4.total_len != LHC_IPV4_TOTAL_LENGTH) {
-                reject((bit<8>)LHC_STAT_DROP_MALFORMED);
-            } else if (hdr.lhc.msg_type != LHC_TYPE_DATA) {
-                reject((bit<8>)LHC_STAT_DROP_BAD_TYPE);
+                reject_malformed();
+            } else if (hdr.lhc.msg_type != LHC_TYPE_DATA && hdr.lhc.msg_type != LHC_TYPE_RESULT
+                    && hdr.lhc.msg_type != LHC_TYPE_RESULT_RETX) {
+                reject_bad_type();
+            } else if (hdr.lhc.msg_type != LHC_TYPE_DATA && meta.parent_addr_diff != 0) {
+                // A result is taken only by a leaf, only from its parent: address (no uplink: nonzero),
+                // UDP port and switch port.
+                reject_bad_type();
+            } else if (hdr.lhc.msg_type != LHC_TYPE_DATA
+                    && (meta.parent_udp_diff != 0 || meta.parent_port_diff != 0)) {
+                reject_bad_type();
             } else if (hdr.lhc.op != LHC_OP_ADD && hdr.lhc.op != LHC_OP_OR) {
-                reject((bit<8>)LHC_STAT_DROP_BAD_OP);
+                reject_bad_op();
             } else if (meta.job_hit == 0) {
-                reject((bit<8>)LHC_STAT_DROP_UNKNOWN_JOB);
+                reject_unknown_job();
             } else if ((bit<32>)hdr.lhc.epoch != meta.epoch) {
-                reject_in_job((bit<8>)LHC_STAT_DROP_STALE_EPOCH);
+                reject_stale_epoch();
             } else if (hdr.lhc.slot[15:LHC_SLOT_INDEX_BITS] != 0 || meta.slot_room == 0
                     || meta.slot_room[15:(LHC_SLOT_INDEX_BITS + 1)] != 0
                     || meta.slot[15:LHC_SLOT_INDEX_BITS] != 0) {
-                reject_in_job((bit<8>)LHC_STAT_DROP_SLOT_RANGE);
-            } else if (meta.worker_hit == 0) {
-                reject_in_job((bit<8>)LHC_STAT_DROP_BAD_WORKER);
+                reject_slot_range();
+            } else if (hdr.lhc.msg_type == LHC_TYPE_DATA && meta.worker_hit == 0) {
+                reject_bad_worker();
             } else {
                 accept();
-                if (hdr.lhc.ver == 0) {
-                    meta.stale = round_stale_c0_check.execute(meta.slot);
-                    meta.starts = round_start_c0_check.execute(meta.slot);
-                } else {
-                    meta.stale = round_stale_c1_check.execute(meta.slot);
-                    meta.starts = round_start_c1_check.execute(meta.slot);
-                }
-                if (meta.stale != 0) {
-                    reject_in_job((bit<8>)LHC_STAT_DROP_STALE_ROUND);
-                } else {
-                    if (meta.starts != 0) {
-                        start_round();
+                if (hdr.lhc.msg_type != LHC_TYPE_DATA) {
+                    // The parent's result: stored only by a copy that awaits exactly this round; it never
+                    // starts, joins or stamps a copy.
+                    if (hdr.lhc.ver == 0) {
+                        meta.stale = round_other_c0_check.execute(meta.slot);
                     } else {
-                        join_round();
+                        meta.stale = round_other_c1_check.execute(meta.slot);
                     }
-                    note_bitmap();
+                    if (meta.stale != 0) {
+                        reject_stale_result();
+                    } else {
+                        store_result();
+                        if (meta.old_bitmap == 0) {
+                            stored_result();
+                        } else {
+                            note_result();
+                        }
+                    }
+                } else {
+                    if (hdr.lhc.ver == 0) {
+                        meta.stale = round_stale_c0_check.execute(meta.slot);
+                        meta.starts = round_start_c0_check.execute(meta.slot);
+                    } else {
+                        meta.stale = round_stale_c1_check.execute(meta.slot);
+                        meta.starts = round_start_c1_check.execute(meta.slot);
+                    }
+                    if (meta.stale != 0) {
+                        reject_stale_round();
+                    } else {
+                        if (meta.starts != 0) {
+                            start_round();
+                        } else {
+                            join_round();
+                        }
+                        note_bitmap();
+                    }
                 }
             }
         } else if (ig_prsr_md.parser_err != PARSER_ERROR_OK) {
@@ -552,37 +830,8 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
 
         // Every pass: the value registers (meta.vmode and meta.seen say what to do; nothing for others).
         LHC_FOR_EACH_LANE_PAIR(LHC_TNA_PAIR_APPLY)
-        if (meta.vmode == LHC_VMODE_START || meta.vmode == LHC_VMODE_SAME) {
-            full_round.apply();
-        }
-
-        if (meta.vmode == LHC_VMODE_START) {
-            if (meta.finished == 1) {
-                result();
-            } else {
-                absorbed();
-            }
-        } else if (meta.vmode == LHC_VMODE_SAME) {
-            if (meta.seen == 0) {
-                if (meta.finished == 1) {
-                    result();
-                } else {
-                    absorbed();
-                }
-            } else if (meta.finished == 1) {
-                retransmit();
-            } else {
-                duplicate();
-            }
-        } else if (meta.vmode == LHC_VMODE_OR) {
-            read_high_halves_next();
-        } else if (meta.vmode == LHC_VMODE_HI) {
-            if (hdr.recirc.flags == LHC_RECIRC_RESULT) {
-                send_result();
-            } else {
-                send_retransmission();
-            }
-        }
+        full_round.apply();
+        outcome.apply();
         // The lhc branch above, tested again: no first-pass action rewrites udp.dst_port.
         if (meta.later == 0 && hdr.udp.isValid()
                 && (hdr.udp.dst_port & LHC_UDP_PORT_MASK) == LHC_UDP_PORT_BASE) {
