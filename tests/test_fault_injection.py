@@ -16,7 +16,6 @@ import contextlib
 import os
 import random
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
@@ -76,34 +75,23 @@ def _trial(stack: TrialStack, seed: int) -> tuple[str, list[str]]:
     trial = draw_trial(seed, KINDS, (2, 3))
     kind, rng = trial.kind, trial.rng
     timeout_s = TIMEOUT_S.get(kind, DEFAULT_TIMEOUT_S)
-    stack.jobs += 1
-    job = f"fault-{seed}-{stack.jobs}"
-    stack.controller.client.create_job(job, workers=trial.world)
+    job = stack.open_job(f"fault-{seed}", trial.world)
     agents = join_agents(stack.controller.listen, job, ["127.0.0.1"] * trial.world, timeout_s,
                          heartbeat_s=0.2)
     victim, fault_call = agents[rng.randrange(trial.world)], rng.randrange(trial.calls)
     stall_s = rng.uniform(0.0, 2 * timeout_s)
-    faults: list[threading.Thread] = []
 
     def before(agent: Agent, call: int) -> None:
         if agent is victim and call == fault_call:
             if kind == "worker_stall":
                 time.sleep(stall_s)
             elif kind != "worker_raise":
-                fault = threading.Thread(target=_fault, args=(stack, kind, rng, victim), daemon=True)
-                faults.append(fault)
-                fault.start()
+                stack.start_fault(_fault, stack, kind, rng, victim)
 
     raise_in = failing_session(victim.rank, fault_call, advance=rng.choice((1, 2, 3)))
     with raise_in if kind == "worker_raise" else contextlib.nullcontext():
         outcomes, hung = run_calls(trial, agents, before, timeout_s)
-    for fault in faults:  # a fault that lands after the calls ended must land before the stack heals
-        fault.join(timeout=60)
-    for agent in agents:
-        agent.close()
-    stack.heal()
-    with contextlib.suppress(Exception):
-        stack.controller.client.delete_job(job)
+    stack.end_trial(job, agents)
     dead = {victim.rank} if kind in ("worker_kill", "worker_raise") else set()
     return kind, said(outcomes, hung, dead)
 
