@@ -6,7 +6,7 @@ argument parsing) and its C parts beside it as ``name_<part>.c`` with ``name.h``
 - ``softswitch/_dataplane.c`` + ``dataplane_pipeline.c``, ``dataplane_io.c``, ``dataplane_tables.c``,
   ``dataplane_slots.c``: softswitch's native data plane;
 - ``lhc_ina/_udp.c`` + ``udp_batch.c`` (the one batched-UDP layer, sendmmsg with GSO runs and recvmmsg,
-  that the other two use as well) + ``udp_planner.c``;
+  that the other two use as well);
 - ``host_agent/codec/_native.c`` + ``*_kernels.c``: the codec's CPU kernels (peeling, sketch encoding,
   the nonzero scan, set bits; pthreads for the second core). Not yet on the scheme (it would read
   ``_kernels.c`` + ``kernels_<part>.c``): the codec is being changed on another branch.
@@ -50,7 +50,7 @@ setup(
         ),
         Extension(
             "lhc_ina._udp",
-            ["lhc_ina/_udp.c", "lhc_ina/udp_planner.c", UDP_BATCH],
+            ["lhc_ina/_udp.c", UDP_BATCH],
             depends=[UDP_BATCH_H],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,

@@ -19,11 +19,11 @@ import torch
 
 from host_agent.agent import Agent
 from host_agent.errors import AggregationError
-from host_agent.local_backend import LocalGroup
 from host_agent.seal import check_seal, round_tag, seal_words
 from host_agent.transport.switch import SwitchBackend
 from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.faults import failing_session, outcomes
+from tests.harness.local_backend import LocalGroup
 
 MODES = ("dense", "sketch", "union")
 CALLS = 3  # call 0 clean, call 1 where rank 0 fails alone, call 2 after it
