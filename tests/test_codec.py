@@ -494,7 +494,7 @@ def test_the_torch_code_can_be_chosen_where_the_kernels_are_built(choice, says):
 
 def test_the_compiled_kernels_are_built():
     # setup.py builds it with any C compiler; without it the codec still works, only slower.
-    assert native_available(), "host_agent/codec/_native.c is not built: pip install -e . with gcc present"
+    assert native_available(), "host_agent/codec/_kernels.c is not built: pip install -e . with gcc present"
 
 
 @settings(max_examples=40, deadline=None)
