@@ -157,6 +157,7 @@ def test_a_job_of_another_size_than_the_run_is_refused_on_every_rank(switch_stac
     assert len(errors) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_a_worker_failing_alone_fails_every_worker_over_gloo(mode: str, tmp_path: Path) -> None:
     port = _free_port()

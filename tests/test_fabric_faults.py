@@ -76,6 +76,7 @@ def _trial(stack: TrialStack, seed: int) -> tuple[str, list[str]]:
     return kind, said(outcomes, hung)
 
 
+@pytest.mark.slow
 def test_a_leaf_or_the_spine_failing_leaves_every_worker_exact_or_with_a_clear_error(
         stack: TrialStack) -> None:
     tally, exact_trials = check_trials(TRIALS, lambda seed: _trial(stack, seed), "fabric faults")
