@@ -6,10 +6,10 @@ argument parsing) and its C parts beside it as ``name_<part>.c`` with ``name.h``
 - ``softswitch/_dataplane.c`` + ``dataplane_pipeline.c``, ``dataplane_io.c``, ``dataplane_tables.c``,
   ``dataplane_slots.c``: softswitch's native data plane;
 - ``lhc_ina/_udp.c`` + ``udp_batch.c`` (the one batched-UDP layer, sendmmsg with GSO runs and recvmmsg,
-  that the other two use as well) + ``udp_planner.c``;
-- ``host_agent/codec/_native.c`` + ``*_kernels.c``: the codec's CPU kernels (peeling, sketch encoding,
-  the nonzero scan, set bits; pthreads for the second core). Not yet on the scheme (it would read
-  ``_kernels.c`` + ``kernels_<part>.c``): the codec is being changed on another branch.
+  that the other two use as well);
+- ``host_agent/codec/_kernels.c`` + ``kernels_peel.c``, ``kernels_sketch.c``, ``kernels_scan.c``,
+  ``kernels_hash.c``, ``kernels_sort.c``, ``kernels_bloom.c`` (``kernels.h``): the codec's CPU kernels
+  (pthreads for the second core), loaded by ``host_agent/codec/native.py``.
 
 Everything else is in pyproject.toml. Every extension is optional: where no C compiler is present the
 install still succeeds; the codec then uses its torch implementations, the stream its Python engine,
@@ -25,15 +25,15 @@ UDP_BATCH, UDP_BATCH_H = "lhc_ina/udp_batch.c", "lhc_ina/udp_batch.h"
 setup(
     ext_modules=[
         Extension(
-            "host_agent.codec._native",
+            "host_agent.codec._kernels",
             [
-                "host_agent/codec/_native.c",
-                "host_agent/codec/bloom_kernels.c",
-                "host_agent/codec/hash_kernels.c",
-                "host_agent/codec/peel_kernels.c",
-                "host_agent/codec/scan_kernels.c",
-                "host_agent/codec/sketch_kernels.c",
-                "host_agent/codec/sort_kernels.c",
+                "host_agent/codec/_kernels.c",
+                "host_agent/codec/kernels_bloom.c",
+                "host_agent/codec/kernels_hash.c",
+                "host_agent/codec/kernels_peel.c",
+                "host_agent/codec/kernels_scan.c",
+                "host_agent/codec/kernels_sketch.c",
+                "host_agent/codec/kernels_sort.c",
             ],
             depends=["host_agent/codec/kernels.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-pthread"],
@@ -50,7 +50,7 @@ setup(
         ),
         Extension(
             "lhc_ina._udp",
-            ["lhc_ina/_udp.c", "lhc_ina/udp_planner.c", UDP_BATCH],
+            ["lhc_ina/_udp.c", UDP_BATCH],
             depends=[UDP_BATCH_H],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,

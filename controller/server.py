@@ -31,6 +31,7 @@ from controller.integrity import store_problems
 from controller.liveness import Liveness
 from controller.metrics import serve_metrics
 from controller.service import JobService
+from controller.session import SessionContext
 from controller.sessions import Sessions
 from controller.store import DB_NAME, JobStore, default_state_dir
 from controller.targets import TARGETS, load_target
@@ -157,17 +158,10 @@ class Controller:
             raise errors.precondition(f"{self.store.path} is inconsistent: " + "; ".join(problems))
         self.authority = Authority(self.store, token)
         self.changes = Changes()
-        self.sessions = Sessions(
-            args.switch,
-            self.target,
-            self.store,
-            self.topology,
-            device_id=args.device_id,
-            election_id=args.election_id,
-            reconcile_interval=args.reconcile_interval,
-            on_change=self.changes.notify,
-            tls=self.tls,
-        )
+        context = SessionContext(self.target, self.store, self.topology, election_id=args.election_id,
+                                 reconcile_interval=args.reconcile_interval, tls=self.tls,
+                                 on_change=self.changes.notify)
+        self.sessions = Sessions(context, args.switch, device_id=args.device_id)
         self.liveness = Liveness(
             self.store, enabled=lambda: any(s.status.primary for s in self.sessions.all),
             on_failed=self._failed, topology=self.topology,

@@ -60,35 +60,39 @@ class SwitchStatus:
     installed: dict[int, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SessionContext:
+    """What every switch's session of one controller shares: the target (its pipeline), the job store and
+    the topology, the election id (a controller is primary or backup for the fabric as a whole), how often
+    a session reconciles unasked, how it retries a switch that is away, how it dials (TLS) and whom it
+    tells that a switch's state changed."""
+
+    target: Target
+    store: JobStore
+    topology: Topology | None
+    election_id: int = 1
+    reconcile_interval: float = 10.0
+    backoff: tuple[float, float] = (0.2, 5.0)
+    tls: TlsConfig | None = None
+    on_change: Callable[[], None] = lambda: None
+
+
 class SwitchSession:
     def __init__(
         self,
+        context: SessionContext,
         address: str,
-        target: Target,
-        store: JobStore,
-        topology: Topology | None,
         *,
         device_id: int = 1,
-        election_id: int = 1,
-        reconcile_interval: float = 10.0,
-        backoff: tuple[float, float] = (0.2, 5.0),
-        on_change: Callable[[], None] = lambda: None,
-        tls: TlsConfig | None = None,
         name: str = SINGLE,
         on_renewed: Callable[[dict[int, int]], None] = lambda renewed: None,
     ) -> None:
+        self.context = context
+        self.target, self.store, self.topology = context.target, context.store, context.topology
+        self.address = address
+        self.device_id = device_id
         self.name = name
         self.on_renewed = on_renewed
-        self.address = address
-        self.tls = tls
-        self.target = target
-        self.store = store
-        self.topology = topology
-        self.device_id = device_id
-        self.election_id = election_id
-        self.reconcile_interval = reconcile_interval
-        self.backoff = backoff
-        self.on_change = on_change
         self.status = SwitchStatus()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -98,6 +102,10 @@ class SwitchSession:
         self._served = 0  # requests covered by a finished reconcile
         self._client: P4RuntimeClient | None = None
         self._thread = threading.Thread(target=self._run, name=f"switch-session-{name}", daemon=True)
+
+    @property
+    def election_id(self) -> int:
+        return self.context.election_id
 
     # -- control --
     def start(self) -> None:
@@ -166,13 +174,14 @@ class SwitchSession:
         self.status.state = state
         if error:
             self.status.last_error = error
-        self.on_change()
+        self.context.on_change()
 
     def _run(self) -> None:
-        delay = self.backoff[0]
+        delay = self.context.backoff[0]
         while not self._stop.is_set():
             client = P4RuntimeClient(
-                self.address, self.device_id, self.election_id, self.target.p4info, timeout=5.0, tls=self.tls
+                self.address, self.device_id, self.election_id, self.target.p4info, timeout=5.0,
+                tls=self.context.tls,
             )
             client.on_arbitration = self._on_arbitration
             client.on_stream_lost = self._on_stream_lost
@@ -182,9 +191,9 @@ class SwitchSession:
             except P4RuntimeError as exc:
                 self._set_state("unreachable; reconnecting with backoff", str(exc).splitlines()[0])
                 self._stop.wait(delay)
-                delay = min(delay * 2, self.backoff[1])
+                delay = min(delay * 2, self.context.backoff[1])
                 continue
-            delay = self.backoff[0]
+            delay = self.context.backoff[0]
             self._client = client
             self.status.connected = True
             try:
@@ -192,7 +201,7 @@ class SwitchSession:
             except Exception as exc:  # a bug must not end the session: say so, then start over
                 log.exception("switch session failed")
                 self._set_state("internal error; reconnecting", f"{type(exc).__name__}: {exc}")
-                self._stop.wait(self.backoff[1])
+                self._stop.wait(self.context.backoff[1])
             finally:
                 self._client = None
                 self.status.connected = self.status.primary = False
@@ -232,13 +241,13 @@ class SwitchSession:
                 if exc.code == grpc.StatusCode.UNAVAILABLE:
                     return
                 prepared = prepared and exc.code != grpc.StatusCode.FAILED_PRECONDITION
-                self._wake.wait(self.backoff[1])  # retry sooner than the next periodic pass
+                self._wake.wait(self.context.backoff[1])  # retry sooner than the next periodic pass
                 continue
             else:
                 with self._done:
                     self._served = max(self._served, ticket)
                     self._done.notify_all()
-            self._wake.wait(self.reconcile_interval)
+            self._wake.wait(self.context.reconcile_interval)
         if self._lost.is_set():
             self._set_state("connection lost; reconnecting", "the P4Runtime stream ended")
 
@@ -314,4 +323,4 @@ class SwitchSession:
         )
         if write:
             self._set_state("primary: switch equals the store")
-        self.on_change()
+        self.context.on_change()

@@ -10,48 +10,28 @@ spans (``controller.spans``) holds it with its current epoch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import grpc
 
 from controller.records import JobRecord, JobState
-from controller.session import SwitchSession
+from controller.session import SessionContext, SwitchSession
 from controller.spans import job_switches
-from controller.store import JobStore
-from controller.targets import Target
-from controller.topology import SINGLE, Topology
+from controller.topology import SINGLE
 from lhc_ina import constants as c
 from lhc_ina.jobservice import errors
 from lhc_ina.jobservice.errors import ControllerError
-from lhc_ina.tls import TlsConfig
 
 
 class Sessions:
-    def __init__(
-        self,
-        switch_address: str,
-        target: Target,
-        store: JobStore,
-        topology: Topology | None,
-        *,
-        device_id: int = 1,
-        election_id: int = 1,
-        reconcile_interval: float = 10.0,
-        on_change: Callable[[], None] = lambda: None,
-        tls: TlsConfig | None = None,
-    ) -> None:
-        self.topology = topology
-        self.target = target
-        fabric = topology is not None and topology.fabric
-        switches = list(topology.switches.values()) if fabric else []
-        common = dict(election_id=election_id, reconcile_interval=reconcile_interval, on_change=on_change,
-                      tls=tls, on_renewed=lambda renewed: self.request_reconcile())
-        if fabric:
-            self.by_name = {s.name: SwitchSession(s.p4runtime, target, store, topology, device_id=s.device_id,
-                                                  name=s.name, **common) for s in switches}
+    def __init__(self, context: SessionContext, switch_address: str, *, device_id: int = 1) -> None:
+        self.topology, self.target = context.topology, context.target
+        if self.topology is not None and self.topology.fabric:
+            places = [(s.name, s.p4runtime, s.device_id) for s in self.topology.switches.values()]
         else:
-            self.by_name = {SINGLE: SwitchSession(switch_address, target, store, topology,
-                                                  device_id=device_id, **common)}
+            places = [(SINGLE, switch_address, device_id)]
+        self.by_name = {name: SwitchSession(context, address, device_id=device, name=name,
+                                            on_renewed=self._on_renewed)
+                        for name, address, device in places}
 
     @property
     def all(self) -> list[SwitchSession]:
@@ -72,6 +52,10 @@ class Sessions:
     def request_reconcile(self) -> None:
         for session in self.all:
             session.request_reconcile()
+
+    def _on_renewed(self, renewed: dict[int, int]) -> None:
+        """A switch came back empty and renewed its jobs' epochs: every switch must carry the new ones."""
+        self.request_reconcile()
 
     def sync(self, timeout: float) -> bool:
         """Reconcile every switch now and wait (at most ``timeout`` s in all) until each equals the store;

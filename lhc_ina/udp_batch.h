@@ -1,8 +1,9 @@
 /*
  * The one batched-UDP layer in C: datagrams out as UDP GSO runs (grouped per destination, in order), bursts
  * in with recvmmsg, and one rule for what a socket error means. Compiled into every extension that moves
- * datagrams: the worker's engine (host_agent/transport), softswitch's data plane and lhc_ina._udp (which
- * also exposes the run planner to the property tests). No Python here: callers release the GIL around it.
+ * datagrams: the worker's engine (host_agent/transport), softswitch's data plane and lhc_ina._udp (whose
+ * Sender.plan shows the property tests the messages a send would build). No Python here: callers release
+ * the GIL around it.
  *
  * Errors: a datagram the kernel would not take for a reason of its own (a full buffer, an unreachable
  * host or port, a firewall, a datagram too long for the route) is *dropped*, counted, and the rest

@@ -14,8 +14,8 @@ import torch
 
 from host_agent.agent import Agent
 from host_agent.codec import aggregate_local
-from host_agent.local_backend import LocalGroup
 from tests.harness.agents import run_local
+from tests.harness.local_backend import LocalGroup
 
 
 def sparse(seed: int, n: int = 30_000) -> torch.Tensor:

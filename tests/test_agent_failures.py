@@ -19,11 +19,11 @@ import torch
 
 from host_agent.agent import Agent
 from host_agent.errors import AggregationError
-from host_agent.local_backend import LocalGroup
 from host_agent.seal import check_seal, round_tag, seal_words
 from host_agent.transport.switch import SwitchBackend
 from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 from tests.harness.faults import failing_session, outcomes
+from tests.harness.local_backend import LocalGroup
 
 MODES = ("dense", "sketch", "union")
 CALLS = 3  # call 0 clean, call 1 where rank 0 fails alone, call 2 after it
@@ -157,6 +157,7 @@ def test_a_job_of_another_size_than_the_run_is_refused_on_every_rank(switch_stac
     assert len(errors) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_a_worker_failing_alone_fails_every_worker_over_gloo(mode: str, tmp_path: Path) -> None:
     port = _free_port()

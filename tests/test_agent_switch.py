@@ -119,6 +119,7 @@ def test_a_switch_restart_mid_bucket_ends_exact(stack) -> None:
     assert all(r.stats["transport"]["epoch_changes"] > 0 for r in results)
 
 
+@pytest.mark.slow
 def test_lhc_agent_cli_aggregates_and_prints_stats(stack) -> None:
     _, controller = stack
     controller.client.create_job("cli-job", workers=2)
@@ -135,6 +136,7 @@ def test_lhc_agent_cli_aggregates_and_prints_stats(stack) -> None:
         assert all(c["codec_kernels"] == kernels_in_use("cpu") for c in calls)  # says what decoded
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_bucket_is_named_by_the_others(stack) -> None:
     """kill -9 of one worker process while a large bucket is in flight: its heartbeats stop, the
     controller fails the job naming it, and every other worker raises an AggregationError with its rank."""

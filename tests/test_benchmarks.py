@@ -28,6 +28,7 @@ def _json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys):
     argv = ["codec", "--length", "30000", "--density", "0.01,0.05", "--block", "1,4", "--repeats", "1",
             "--mode", "sketch,union,dense", "--peel-trials", "3"]
@@ -52,6 +53,7 @@ def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys):
     assert trials["cells_per_candidate"] > 1.22
 
 
+@pytest.mark.slow
 def test_codec_benchmark_puts_the_kernels_beside_the_torch_code(capsys):
     argv = ["codec", "--length", "30000", "--repeats", "1", "--mode", "sketch,union",
             "--kernels", "native,torch"]

@@ -494,9 +494,10 @@ def test_the_torch_code_can_be_chosen_where_the_kernels_are_built(choice, says):
 
 def test_the_compiled_kernels_are_built():
     # setup.py builds it with any C compiler; without it the codec still works, only slower.
-    assert native_available(), "host_agent/codec/_native.c is not built: pip install -e . with gcc present"
+    assert native_available(), "host_agent/codec/_kernels.c is not built: pip install -e . with gcc present"
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),
@@ -555,6 +556,7 @@ def test_compiled_peeling_of_cells_too_full_to_count_gives_the_torch_result(cell
     assert torch.equal(native.peeled, parallel.peeled) and torch.equal(native.values, parallel.values)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),

@@ -125,6 +125,7 @@ def test_changes_made_while_the_controller_was_away_are_undone(switch, workers, 
             aggregate_once(workers, slot=2, seq=2, rng=RNG)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_controller_outlives_an_absent_switch_and_installs_when_it_comes(workers, tmp_path):
     with SoftswitchProcess() as switch:

@@ -181,6 +181,7 @@ def test_a_job_credential_aggregates_through_the_switch(stack):
     assert all(j.name != "solo" for j in ctl.client.list_jobs())  # its last member left: the job ended
 
 
+@pytest.mark.slow
 def test_watches_are_bounded_and_released(stack):
     _, ctl, _ = stack
     job = ctl.client.create_job("watched", workers=1, slots=2)

@@ -55,6 +55,7 @@ def _cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, timeout=60)
 
 
+@pytest.mark.slow
 def test_mutual_tls_between_controller_and_softswitch(pki, tmp_path):
     switch, controller, intruder = pki["switch"], pki["controller"], pki["intruder"]
     with SoftswitchProcess(args=_tls_args(switch)) as sw:
@@ -90,6 +91,7 @@ def test_mutual_tls_between_controller_and_softswitch(pki, tmp_path):
             assert info.value.code == grpc.StatusCode.UNAVAILABLE
 
 
+@pytest.mark.slow
 def test_server_tls_without_client_certificates(pki, tmp_path):
     switch = pki["switch"]
     with SoftswitchProcess(args=("--tls-cert", str(switch.cert), "--tls-key", str(switch.key))) as sw:

@@ -13,11 +13,9 @@ a failing trial prints its seed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
@@ -62,33 +60,23 @@ def _trial(stack: TrialStack, seed: int) -> tuple[str, list[str]]:
     """One trial: its fault kind and every worker's outcome of every call."""
     trial = draw_trial(seed, KINDS, (2, 4))
     kind, rng = trial.kind, trial.rng
-    stack.jobs += 1
-    job = f"fabric-fault-{seed}-{stack.jobs}"
-    stack.controller.client.create_job(job, workers=trial.world)
+    job = stack.open_job(f"fabric-fault-{seed}", trial.world)
     # Alternately under leaf 0 and leaf 1, so that the job spans the fabric.
     ips = [stack.switch.host_ips[i % 2] for i in range(trial.world)]
     agents = join_agents(stack.controller.listen, job, ips, TIMEOUT_S, heartbeat_s=0.2)
     fault_call = rng.randrange(trial.calls)
     victim = _victim(stack.switch, kind, rng)
-    faults: list[threading.Thread] = []
 
     def before(agent: Agent, call: int) -> None:
         if agent.rank == 0 and call == fault_call and kind != "none":
-            fault = threading.Thread(target=_fault, args=(kind, victim, rng), daemon=True)
-            faults.append(fault)
-            fault.start()
+            stack.start_fault(_fault, kind, victim, rng)
 
     outcomes, hung = run_calls(trial, agents, before, TIMEOUT_S)
-    for fault in faults:  # a fault that lands after the calls ended must land before the stack heals
-        fault.join(timeout=60)
-    for agent in agents:
-        agent.close()
-    stack.heal()
-    with contextlib.suppress(Exception):
-        stack.controller.client.delete_job(job)
+    stack.end_trial(job, agents)
     return kind, said(outcomes, hung)
 
 
+@pytest.mark.slow
 def test_a_leaf_or_the_spine_failing_leaves_every_worker_exact_or_with_a_clear_error(
         stack: TrialStack) -> None:
     tally, exact_trials = check_trials(TRIALS, lambda seed: _trial(stack, seed), "fabric faults")

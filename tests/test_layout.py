@@ -55,3 +55,64 @@ def test_layers_import_only_downwards() -> None:
     assert _imported_packages("lhc_launch") <= {"lhc_ina", "softswitch", "controller", "lhc_launch"}
     for application in ("benchmarks", "lhc_demo"):
         assert not _imported_packages(application) & {"tests", "ptf_tests", "mininet"}, application
+
+
+PRODUCT_PACKAGES = ("lhc_ina", "host_agent", "controller", "softswitch")
+
+
+def _module_imports(path: Path) -> set[str]:
+    """Every module name ``path`` imports (``a.b`` and ``a.b.c`` for ``from a.b import c``)."""
+    import ast
+
+    package = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts[:-1])
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_no_product_module_exists_only_for_tests() -> None:
+    """Every module of the product packages is reached from the product itself (its commands, the torch
+    backend entry point, the generators the Makefile runs, the launchers, the demo, the benchmarks, the
+    emulation, the examples), not only from tests: what only tests need lives in tests/harness."""
+    def module(path: Path) -> str:
+        parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    paths = {module(REPO_ROOT / name): REPO_ROOT / name for name in tracked}
+    pyproject, makefile = (REPO_ROOT / "pyproject.toml").read_text(), (REPO_ROOT / "Makefile").read_text()
+    commands = {name for name in paths if f'"{name}:' in pyproject or f"-m {name} " in makefile}
+    elsewhere = (*PRODUCT_PACKAGES, "tests", "ptf_tests", "conftest")
+    roots = [path for name, path in paths.items() if name in commands or not name.startswith(elsewhere)]
+    reached: set[Path] = set()
+    while roots:
+        path = roots.pop()
+        if path in reached:
+            continue
+        reached.add(path)
+        for name in _module_imports(path):
+            parts = name.split(".")
+            roots += [paths[m] for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in paths]
+    only_tests = sorted(name for name, path in paths.items()
+                        if name.startswith(PRODUCT_PACKAGES) and path not in reached)
+    assert not only_tests, f"modules only tests reach: {only_tests}"
+
+
+def test_every_c_file_of_the_product_is_built() -> None:
+    """No C source under the product packages is left out of setup.py's extensions (built only for tests
+    or not at all)."""
+    setup = (REPO_ROOT / "setup.py").read_text()
+    sources = [path.relative_to(REPO_ROOT).as_posix() for package in PRODUCT_PACKAGES
+               for path in (REPO_ROOT / package).rglob("*.[ch]")]
+    assert sources, "no C sources found"
+    assert not [source for source in sources if f'"{source}"' not in setup], setup

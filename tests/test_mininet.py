@@ -28,10 +28,15 @@ def leftovers() -> list[str]:
     names = [line.split(":")[1].strip().split("@")[0] for line in links.splitlines()]
     ours = [n for n in names if n.startswith(("s1-eth", "lhcctl", "l1-", "l2-", "sp-eth"))
             or (n.startswith("h") and "-eth" in n)]
-    procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    ours += [p for p in procs if "mnexec" in p or ("softswitch.cli" in p and "--port" in p)
+    ours += [p for p in _command_lines() if "mnexec" in p or ("softswitch.cli" in p and "--port" in p)
              or ("lhc_demo.worker" in p and "--host" in p)]
     return ours
+
+
+def _command_lines() -> list[str]:
+    """Every process's whole command line (``-ww``: without it, ps cuts them at 80 columns when its
+    output is not a terminal, and the arguments matched here would be cut off)."""
+    return subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
 
 
 def check_leafspine_bench(tmp_path: Path, switch: str, length: int) -> None:
@@ -89,12 +94,22 @@ def test_a_minimal_emulation_trains_exactly_under_loss(tmp_path: Path) -> None:
     assert any(frame.direction == INBOUND and len(frame.data) == FRAME_END for frame in switch)
 
 
+def _training_workers() -> list[str]:
+    return [p for p in _command_lines() if "lhc_demo.worker" in p and "--host" in p]
+
+
 def test_an_interrupted_run_leaves_nothing(tmp_path: Path) -> None:
+    """Interrupted once its workers train (the cluster, the switch and the controller are up before
+    them), a run removes every interface and process it made."""
     proc = subprocess.Popen([*RUNNER, "--workers", "2", "--steps", "200", "--out", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(25)  # the cluster, switch, controller and workers are up by then
+        deadline = time.monotonic() + 120
+        while len(_training_workers()) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2.0)  # into the workers' training: past their start, before their end
         assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert len(_training_workers()) == 2, "the run's two workers did not start"
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)
     finally:

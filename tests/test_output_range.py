@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from host_agent.agent import Agent
 from host_agent.codec import AggregationError, WorkerSession, reduce_words
-from host_agent.local_backend import LocalGroup
 from tests.harness.agents import run_local
+from tests.harness.local_backend import LocalGroup
 
 W = 4
 N = 1003  # not a multiple of W nor of a block

@@ -303,7 +303,7 @@ def _colliding_sockets() -> tuple[list[socket.socket], list[WorkerEndpoint]]:
     from lhc_ina import _udp
     from lhc_ina.udp import MAX_BATCH
 
-    planner = _udp.Planner(MAX_BATCH, 0, c.UDP_GSO_SEGMENTS, c.UDP_GSO_BYTES)
+    planner = _udp.Sender(c.UDP_GSO_SEGMENTS, c.UDP_GSO_REFUSALS, c.UDP_GSO_BYTES, capacity=MAX_BATCH)
     by_home: dict[int, socket.socket] = {}
     for port in RNG.permutation(np.arange(20000, 60000)).tolist():
         home = planner.home(socket.inet_aton("127.0.0.1") + port.to_bytes(2, "big"))

@@ -1,7 +1,10 @@
-"""lhc_ina/udp_batch.c, the one batched-UDP layer, through ``lhc_ina._udp``: the run planner's properties
+"""lhc_ina/udp_batch.c, the one batched-UDP layer, through ``lhc_ina._udp``: the run planning's properties
 (every datagram leaves exactly once per flush, in a message to its own destination, in its order, in runs
 within the limits) over random destination sets, forced collisions in the destination table, and more
-destinations over time than the table holds; and the socket-error rule of the senders built on it."""
+destinations over time than the table holds; and the socket-error rule of the senders built on it.
+
+The planning is read from the product's own ``Sender``: ``plan`` builds the messages ``send_each`` would
+send now, with the sender's table (kept from one flush to the next), limits and GSO state."""
 
 from __future__ import annotations
 
@@ -24,10 +27,13 @@ def _destination(address: int, port: int) -> bytes:
     return struct.pack("!IH", address, port)
 
 
-def _planner(capacity: int, slots: int = 0, segments: int = c.UDP_GSO_SEGMENTS, most: int = c.UDP_GSO_BYTES):
+def _planner(capacity: int, slots: int = 0, segments: int = c.UDP_GSO_SEGMENTS, most: int = c.UDP_GSO_BYTES,
+             gso: bool = True):
+    """A sender of ``capacity`` datagrams a flush whose runs the tests read (one GSO refusal turns it off,
+    as a kernel without GSO would)."""
     from lhc_ina import _udp
 
-    return _udp.Planner(capacity, slots, segments, most)
+    return _udp.Sender(segments, 1, most, gso, capacity=capacity, slots=slots)
 
 
 def check_flush(plan: list[tuple[int, list[int]]], sizes: list[int], destinations: list[bytes],
@@ -121,9 +127,9 @@ def test_more_distinct_destinations_than_table_slots_over_time_never_hang():
 
 
 def test_without_gso_one_message_per_datagram_in_queue_order():
-    planner = _planner(16, 32)
+    planner = _planner(16, 32, gso=False)
     destinations = [_destination(0x7F000001, 20000 + i % 3) for i in range(10)]
-    assert planner.plan([272] * 10, destinations, False) == [(i, [i]) for i in range(10)]
+    assert planner.plan([272] * 10, destinations) == [(i, [i]) for i in range(10)]
 
 
 def test_bad_planner_arguments_are_refused_with_a_reason():
@@ -156,3 +162,37 @@ def test_a_closed_socket_raises_ebadf_and_a_refused_datagram_is_only_a_drop():
         assert sender.send_batch(sock.fileno(), [b"x" * 70000, b"y"], "127.0.0.1", 9) == (1, 1)
     finally:
         sock.close()
+
+
+def test_a_sender_sends_a_batch_larger_than_its_capacity_in_flushes_that_reuse_its_table():
+    """What ``plan`` reads is what leaves: a sender of 16 datagrams a flush sends 150 to three sockets in
+    ten flushes through one 32-slot table, each socket getting its own datagrams once, in order."""
+    from lhc_ina import _udp
+
+    sender = _udp.Sender(c.UDP_GSO_SEGMENTS, c.UDP_GSO_REFUSALS, c.UDP_GSO_BYTES, capacity=16, slots=32)
+    receivers = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
+    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for receiver in receivers:
+            receiver.bind(("127.0.0.1", 0))
+            receiver.settimeout(5.0)
+        homes = [socket.inet_aton("127.0.0.1") + r.getsockname()[1].to_bytes(2, "big") for r in receivers]
+        to = [i * i % 3 for i in range(150)]  # uneven: runs of one destination and alternations
+        datagrams = [struct.pack("!I", i) * 68 for i in range(150)]  # 272 bytes, GSO runs where in a row
+        assert sender.send_each(out.fileno(), datagrams, [homes[k] for k in to]) == (150, 0)
+        for k, receiver in enumerate(receivers):
+            got = [struct.unpack("!I", receiver.recv(512)[:4])[0] for _ in range(to.count(k))]
+            assert got == [i for i in range(150) if to[i] == k]
+    finally:
+        for sock in (*receivers, out):
+            sock.close()
+
+
+def test_a_sender_never_initialized_is_refused_not_run():
+    from lhc_ina import _udp
+
+    sender = _udp.Sender.__new__(_udp.Sender)
+    with pytest.raises(ValueError, match="never initialized"):
+        sender.send_batch(0, [b"x"], "127.0.0.1", 9)
+    with pytest.raises(ValueError, match="never initialized"):
+        sender.plan([1], [_destination(1, 1)])

@@ -23,17 +23,25 @@ from .sketch import SketchSpec
 PATTERN_MASK = tl.constexpr((1 << PATTERN_BITS) - 1)
 
 
-@triton.jit(do_not_specialize=["n", "n_items", "block"])
-def _scan_counts(x, n, n_items, block, out, IS_FLOAT: tl.constexpr, ITEMS: tl.constexpr,
-                 LANES: tl.constexpr):
-    """Per program: its nonzero items, and max |x| as float32 bits (floats) or max and min (int32)."""
-    pid = tl.program_id(0)
+@triton.jit
+def _scan_tile(x, n, n_items, block, pid, ITEMS: tl.constexpr, LANES: tl.constexpr):
+    """The tile both scan passes read: program ``pid``'s ITEMS items of ``block`` elements (LANES lanes,
+    the short last item padded), which lanes are in ``x``, their values, and which items hold a nonzero."""
     item = pid * ITEMS + tl.arange(0, ITEMS)
     lane = tl.arange(0, LANES)
     elem = item.to(tl.int64)[:, None] * block + lane[None, :]
     ok = (item[:, None] < n_items) & (lane[None, :] < block) & (elem < n)
     v = tl.load(x + elem, mask=ok, other=0)
     held = tl.max(((v != 0) & ok).to(tl.int32), axis=1)
+    return item, lane, ok, v, held
+
+
+@triton.jit(do_not_specialize=["n", "n_items", "block"])
+def _scan_counts(x, n, n_items, block, out, IS_FLOAT: tl.constexpr, ITEMS: tl.constexpr,
+                 LANES: tl.constexpr):
+    """Per program: its nonzero items, and max |x| as float32 bits (floats) or max and min (int32)."""
+    pid = tl.program_id(0)
+    _, _, ok, v, held = _scan_tile(x, n, n_items, block, pid, ITEMS, LANES)
     tl.store(out + pid * 3, tl.sum(held, axis=0))
     if IS_FLOAT:
         bits = tl.where(ok, tl.abs(v.to(tl.float32)).to(tl.int32, bitcast=True), 0)
@@ -50,12 +58,7 @@ def _scan_write(x, n, n_items, block, offsets, items_out, rows_out, ITEMS: tl.co
                 LANES: tl.constexpr):
     """``items.nonzero_rows``: the nonzero items in order, and their rows (the short last one padded)."""
     pid = tl.program_id(0)
-    item = pid * ITEMS + tl.arange(0, ITEMS)
-    lane = tl.arange(0, LANES)
-    elem = item.to(tl.int64)[:, None] * block + lane[None, :]
-    ok = (item[:, None] < n_items) & (lane[None, :] < block) & (elem < n)
-    v = tl.load(x + elem, mask=ok, other=0)
-    held = tl.max(((v != 0) & ok).to(tl.int32), axis=1)
+    item, lane, _, v, held = _scan_tile(x, n, n_items, block, pid, ITEMS, LANES)
     pos = tl.load(offsets + pid) + (tl.cumsum(held, axis=0) - held).to(tl.int64)
     keep = held > 0
     tl.store(items_out + pos, item.to(tl.int64), mask=keep)

@@ -1,6 +1,6 @@
 /*
  * What the codec's C kernels share: the sketch geometry and hashes (bit-identical to hashing.py and
- * sketch.py), and a two-thread helper. See _native.c for the interface and sketch.py for the layout.
+ * sketch.py), and a two-thread helper. See _kernels.c for the interface and sketch.py for the layout.
  */
 #ifndef LHC_CODEC_KERNELS_H
 #define LHC_CODEC_KERNELS_H
@@ -19,7 +19,7 @@
 #endif
 
 /* Hand-vectorized AVX2 paths (hashes, Bloom gathers), taken where the CPU has AVX2 and simd_allowed
- * (hash_kernels.c; native.py clears it under LHC_CODEC_SIMD=scalar, so that the scalar loops beside them,
+ * (kernels_hash.c; native.py clears it under LHC_CODEC_SIMD=scalar, so that the scalar loops beside them,
  * which compute the same bits, can run and be tested on any CPU). */
 extern int simd_allowed;
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -117,7 +117,7 @@ static inline void copy_lanes(void *dst, const void *src, int64_t block)
     }
 }
 
-/* Items hashed many at a time (hash_kernels.c, eight lanes with AVX2 where the CPU has it): hash_cells
+/* Items hashed many at a time (kernels_hash.c, eight lanes with AVX2 where the CPU has it): hash_cells
  * writes the cells of items[0..n) (n <= HASH_CHUNK, all of start segment `start`) as
  * at[t * HASH_CHUNK + i]; hash_starts the start segment of each of n items. */
 #define HASH_CHUNK 64
@@ -128,7 +128,7 @@ void hash_cells(const struct geometry *g, const uint32_t *items, int n, int64_t 
 void hash_group(const struct geometry *g, const uint32_t *items, uint32_t *at);
 void hash_starts(const struct geometry *g, const int64_t *items, int64_t n, uint32_t *start);
 
-/* Candidates reordered by start segment (a counting sort, sort_kernels.c): their item numbers and
+/* Candidates reordered by start segment (a counting sort, kernels_sort.c): their item numbers and
  * `block` value lanes in that order, where each start's run begins (bounds[starts] = k), and each
  * candidate's start in the caller's order (to undo the sort with unsort_by_start). One allocation. */
 struct by_start {

@@ -1,4 +1,4 @@
-"""The compiled CPU kernels (``_native.c``), or None where the package was installed without a C compiler.
+"""The compiled CPU kernels (``_kernels.c``), or None where the package was installed without a C compiler.
 
 Callers use them for CPU tensors when present and fall back to their torch code otherwise; both give the
 same results (tested), the kernels only faster.
@@ -33,7 +33,7 @@ if _simd not in ("auto", "scalar"):
 native: ModuleType | None = None
 if _choice == "native":
     try:
-        from . import _native as native
+        from . import _kernels as native
     except ImportError:  # built without a C compiler
         native = None
 if native is not None:

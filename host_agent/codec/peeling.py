@@ -22,7 +22,7 @@ and values (tested against each other):
   the wave along the chain of segments: hundreds of small rounds;
 * ``gpu_peel.py``, on the GPU path: the same rounds in one persistent Triton kernel, a grid-wide barrier
   between rounds instead of a host round trip and several launches per round;
-* ``peel_kernels.c``, a compiled kernel for CPU tensors, built when the package is installed with a C
+* ``kernels_peel.c``, a compiled kernel for CPU tensors, built when the package is installed with a C
   compiler present: candidates inserted start segment by start segment, and each segment peeled as soon
   as no later candidate can touch it, so that the peeling follows the insertion as a wave through a
   window of a few segments (in cache); the chain's two halves on two threads. It has no rounds

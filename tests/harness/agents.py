@@ -13,8 +13,8 @@ import torch
 
 from host_agent.agent import Agent
 from host_agent.codec.quantize import dequantize, quantize
-from host_agent.local_backend import LocalGroup
 from lhc_launch.processes import ControllerProcess
+from tests.harness.local_backend import LocalGroup
 
 _JOBS = itertools.count()
 

@@ -31,6 +31,7 @@ class TrialStack:
 
     def __init__(self, switch: SoftswitchProcess | FabricProcesses, state: Path) -> None:
         self.switch, self.state, self.jobs = switch, state, 0
+        self.faults: list[threading.Thread] = []
         try:
             self.controller = ControllerProcess(switch, state)
             self.controller.wait_for_switch()
@@ -47,6 +48,32 @@ class TrialStack:
         if not self.controller.running():
             self.controller = ControllerProcess(self.switch, self.state)
         self.controller.wait_for_switch()
+
+    def open_job(self, name: str, world: int) -> str:
+        """A fresh job of ``world`` workers for one trial (``name`` and a running count, as names must
+        differ even when a seed runs twice)."""
+        self.jobs += 1
+        job = f"{name}-{self.jobs}"
+        self.controller.client.create_job(job, workers=world)
+        return job
+
+    def start_fault(self, fault: Callable[..., None], *args: object) -> None:
+        """Run ``fault(*args)`` on its own thread, so that it lands while the trial's calls go on."""
+        thread = threading.Thread(target=fault, args=args, daemon=True)
+        self.faults.append(thread)
+        thread.start()
+
+    def end_trial(self, job: str, agents: list[Agent]) -> None:
+        """After a trial's calls: its faults landed (one that lands after the calls ended must land before
+        the stack heals), its agents closed, the stack healed and the job deleted."""
+        for fault in self.faults:
+            fault.join(timeout=60)
+        self.faults.clear()
+        for agent in agents:
+            agent.close()
+        self.heal()
+        with contextlib.suppress(Exception):
+            self.controller.client.delete_job(job)
 
     def close(self) -> None:
         self.heal()

@@ -1,4 +1,5 @@
-"""The ``local`` backend: W agents in one process reduce through shared memory. For tests and examples.
+"""A backend for tests: W agents in one process reduce through shared memory, so that the agent's own
+logic (call order, the agreement message, seals, failures) is tested without a network.
 
 Each member submits its words; when all W have submitted the same message (the n-th call of every
 member), the group reduces them with the codec's ``reduce_words`` and completes every member's future.

@@ -3,12 +3,12 @@
  * bindings. Each has a torch twin that stays the reference (and the CUDA path); the tests hold the two to
  * identical bits.
  *
- *   peel (peel_kernels.c)            peeling an aggregated sketch, in cache, on up to two threads
- *   encode_sketch (sketch_kernels.c) adding a worker's items into its sketch, in order of start segment
- *   scan_nonzero, fill_items (scan_kernels.c)   a bucket to its nonzero elements and back, one pass each
+ *   peel (kernels_peel.c)            peeling an aggregated sketch, in cache, on up to two threads
+ *   encode_sketch (kernels_sketch.c) adding a worker's items into its sketch, in order of start segment
+ *   scan_nonzero, fill_items (kernels_scan.c)   a bucket to its nonzero elements and back, one pass each
  *   set_positions                    a bitmap from sorted positions (bits.words_from_positions)
  *   popcount, set_bits               the set bits of a word array, in one pass with ctz (bits.set_bits)
- *   bloom_hits (bloom_kernels.c)     every item's membership in a pattern-blocked Bloom filter, as a bit
+ *   bloom_hits (kernels_bloom.c)     every item's membership in a pattern-blocked Bloom filter, as a bit
  *                                    array; one hash, two loads and one compare per item
  *
  * Interface (called from peeling.py, sketch.py, items.py, bits.py and index.py, which check the dtypes,
@@ -345,7 +345,7 @@ static PyObject *py_bloom_hits(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-    {"peel", py_peel, METH_VARARGS, "Peel an aggregated sketch (peel_kernels.c)."},
+    {"peel", py_peel, METH_VARARGS, "Peel an aggregated sketch (kernels_peel.c)."},
     {"encode_sketch", py_encode_sketch, METH_VARARGS, "Add items' values into their sketch cells."},
     {"fill_items", py_fill_items, METH_VARARGS, "A bucket written whole from sorted rows, zeros between."},
     {"simd", py_simd, METH_VARARGS, "Which loops the hashes and the Bloom query run: avx2 or scalar."},
@@ -358,10 +358,10 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_native", "The codec's compiled CPU kernels (peeling, set bits, Bloom query).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_kernels", "The codec's compiled CPU kernels (peeling, set bits, Bloom query).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__native(void)
+PyMODINIT_FUNC PyInit__kernels(void)
 {
     return PyModule_Create(&module);
 }

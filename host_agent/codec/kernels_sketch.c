@@ -1,5 +1,5 @@
 /*
- * Sketch encoding in order of start segment (in cache, see sort_kernels.c), and the two-thread helper
+ * Sketch encoding in order of start segment (in cache, see kernels_sort.c), and the two-thread helper
  * (see kernels.h).
  */
 #include "kernels.h"
