@@ -120,9 +120,10 @@ def _index_encode(items, k, group, words, n_words, seed, masks, BLOOM: tl.conste
 
 
 def encode_index(kind: str, items: torch.Tensor, group: int, n_words: int, seed: int,
-                 masks: torch.Tensor | None) -> torch.Tensor:
-    """This worker's index words: ``kind`` "bitmap" or "bloom" (``masks``: the k-bit patterns)."""
-    words = torch.zeros(n_words, dtype=torch.int32, device=items.device)
+                 masks: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """This worker's index words: ``kind`` "bitmap" or "bloom" (``masks``: the k-bit patterns), written
+    into ``out`` where given (zeroed by the caller)."""
+    words = torch.zeros(n_words, dtype=torch.int32, device=items.device) if out is None else out
     k = items.numel()
     if k:
         tile = sizes()["items"]
@@ -161,9 +162,10 @@ def seed_args(spec: SketchSpec) -> tuple[int, ...]:
 
 
 def encode_sketch(spec: SketchSpec, items: torch.Tensor, rows: torch.Tensor, scale: int | None,
-                  clamp: bool) -> torch.Tensor:
-    """This worker's sketch words from its items and rows, quantized at ``scale`` (None: int32 rows)."""
-    sketch = torch.zeros(spec.words, dtype=torch.int32, device=items.device)
+                  clamp: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """This worker's sketch words from its items and rows, quantized at ``scale`` (None: int32 rows),
+    written into ``out`` where given (zeroed by the caller)."""
+    sketch = torch.zeros(spec.words, dtype=torch.int32, device=items.device) if out is None else out
     k = items.numel()
     if k:
         lanes = next_pow2(spec.block)

@@ -192,12 +192,17 @@ def _bloom_slots(spec: IndexSpec, items: torch.Tensor) -> tuple[torch.Tensor, to
     return word, pattern
 
 
+def bloom_masks(spec: IndexSpec, device: torch.device) -> torch.Tensor | None:
+    """The Bloom filter's k-bit patterns as the GPU kernels take them (None for a bitmap)."""
+    return _patterns(spec.k, device)[0] if spec.kind == "bloom" else None
+
+
 def encode_index(spec: IndexSpec, items: torch.Tensor) -> torch.Tensor:
     """This worker's index words (int32) for its sorted, distinct item numbers."""
     if gpu.on_path():  # one kernel ORs every item's bit or pattern (an entry met twice ORs it again)
         from .gpu_encode import encode_index as encode_index_triton
 
-        masks = _patterns(spec.k, items.device)[0] if spec.kind == "bloom" else None
+        masks = bloom_masks(spec, items.device)
         return encode_index_triton(spec.kind, items, spec.group, spec.words, spec.seed & MASK32, masks)
     entries = group_entries(items, spec.group)
     if spec.kind == "bitmap":

@@ -30,7 +30,7 @@ import torch
 from lhc_ina.constants import LANE_BYTES, LANES, Op
 
 from . import gpu
-from .agreement import agreement_words, check_agreement
+from .agreement import check_agreement
 from .granularity import choose_group
 from .hashing import derive_seed
 from .index import IndexSpec, choose_index, encode_index, expected_false_positives, query_index
@@ -54,7 +54,7 @@ from .quantize import (
 )
 from .sketch import SketchSpec, cells_per_candidate, sketch_cells
 from .state import BucketShape, CodecState
-from .steps import Steps
+from .steps import Lead, Steps
 
 Results = dict[str, torch.Tensor]  # a completed round's reduced words, by message kind
 
@@ -125,11 +125,6 @@ class Rounds(Steps):
         """Check the summed agreement message (cheap: called as soon as it arrives)."""
         self.item_sum = check_agreement(words, self.world)
 
-    def _agree(self, items: int) -> tuple[Op, str, torch.Tensor]:
-        with gpu.on_host():
-            words = agreement_words(self.rank, self.digest, items, torch.device("cpu"))
-        return Op.ADD, "agree", gpu.send(words, self.x.device)
-
     def _header(self, values: torch.Tensor, support_complete: bool = True) -> torch.Tensor:
         field, finite, in_bound = None, True, True
         if self.is_float:
@@ -140,11 +135,11 @@ class Rounds(Steps):
 
     def _header_of(self, field: int | None, finite: bool, in_bound: bool, support_complete: bool = True
                    ) -> torch.Tensor:
+        """This worker's header, on the host (it leaves with the agreement: :meth:`_send_lead`)."""
         self.finite = finite
         with gpu.on_host():
-            words = header_words(field, self.rank, finite=finite, in_bound=in_bound,
-                                 support_complete=support_complete, device=torch.device("cpu"))
-        return gpu.send(words, self.x.device)
+            return header_words(field, self.rank, finite=finite, in_bound=in_bound,
+                                support_complete=support_complete, device=torch.device("cpu"))
 
     def _assumed_field(self) -> int | None:
         if not self.is_float or self.state.exponent is None:
@@ -204,14 +199,14 @@ class Rounds(Steps):
                 if self.support is not None and self.opts.check_support:
                     complete = int(torch.count_nonzero(self.x)) == int(torch.count_nonzero(self.rows))
                 header = self._header(self.rows, complete)
-        agree = self._agree(self.items.numel())
+        lead = Lead(self.items.numel(), header)
         expected = self.opts.expected_items
         if expected is None:
             expected = self.state.items or None  # an all-zero last round tells nothing about this one
         self.assumed = self._assumed_field()
         if expected is None or (self.is_float and self.opts.mode == "sketch" and self.assumed is None):
-            return Round([agree, (Op.OR, "header", header)], self._after_sizing)
-        return self._index_round(expected, [agree], header)
+            return Round(self._lead_messages(lead), self._after_sizing)
+        return self._index_round(expected, lead)
 
     def _after_sizing(self, res: Results) -> Round | Outcome:
         """The sizing round: the item counts bound the union, the header fixes the scale."""
@@ -226,11 +221,9 @@ class Rounds(Steps):
                 total = self._output().zero_()
             self.stats.update(index="none", candidates=0, **self._sparse_stats())
             return self._outcome(total, None)
-        return self._index_round(expected, [], None)
+        return self._index_round(expected, None)
 
-    def _index_round(
-        self, expected: int, prefix: list[tuple[Op, str, torch.Tensor]], header: torch.Tensor | None
-    ) -> Round:
+    def _index_round(self, expected: int, lead: Lead | None) -> Round:
         """Index (with the header when not yet sent) and, in sketch mode, the sketch, sized for
         ``expected`` items; the dense bucket instead where that would cost no more."""
         opts, block = self.opts, self.block
@@ -246,25 +239,34 @@ class Rounds(Steps):
         if sketch:
             cells = opts.cells or sketch_cells(candidates, opts.margin, block, LANES, layout)
         payload = cells * block if sketch else candidates * block
-        header_words = 0 if header is None else HEADER_WORDS
+        header_words = 0 if lead is None else HEADER_WORDS
         # Compared in whole packets, as they go on the wire: for a tiny bucket the index and the values
         # alone may fill two packets where the whole bucket fills one.
         sparse_packets = _packets(header_words + spec.words) + _packets(payload)
         if sparse_packets >= _packets(header_words) + _packets(self.x.numel()):
-            return self._dense_round(prefix, header)
-        self.index = spec
+            return self._dense_round(lead)
+        self.index, self.header_in_index = spec, lead is not None
+        if sketch:
+            self.sketch = SketchSpec(cells, block, derive_seed(opts.seed, iteration, 2), layout)
+            if self.is_float and self.scale is None:
+                self.scale = scale_for(self.assumed, self.world)
         with self.clock("encode"):
-            index_words = encode_index(spec, self.items)
-            if header is not None:
-                index_words = torch.cat([header, index_words])
-                self.header_in_index = True
-            messages = [*prefix, (Op.OR, "index", index_words)]
-            if sketch:
-                self.sketch = SketchSpec(cells, block, derive_seed(opts.seed, iteration, 2), layout)
-                if self.is_float and self.scale is None:
-                    self.scale = scale_for(self.assumed, self.world)
-                messages.append((Op.ADD, "sketch", self._sketch_words(clamp=self.assumed is not None)))
+            messages = self._encode_triton(lead) if self.triton else self._encode(lead)
         return Round(messages, self._after_index)
+
+    def _encode(self, lead: Lead | None) -> list[tuple[Op, str, torch.Tensor]]:
+        """The index round's messages: (agreement,) header and index, (sketch)."""
+        assert self.index is not None
+        index_words = encode_index(self.index, self.items)
+        messages = []
+        if lead is not None:
+            agree, header = self._send_lead(lead)
+            index_words = torch.cat([header, index_words])
+            messages.append(agree)
+        messages.append((Op.OR, "index", index_words))
+        if self.sketch is not None:
+            messages.append((Op.ADD, "sketch", self._sketch_words(clamp=self.assumed is not None)))
+        return messages
 
     def _after_index(self, res: Results) -> Round | Outcome:
         words = res["index"]
@@ -340,28 +342,27 @@ class Rounds(Steps):
         with self.clock("encode"):
             header = self._header(self.x)
         self.assumed = self._assumed_field()
-        return self._dense_round([self._agree(0)], header)  # dense mode does not count items
+        return self._dense_round(Lead(0, header))  # dense mode does not count items
 
     def _after_dense_header(self, res: Results) -> Round | Outcome:
         if self._parse_header("header"):
             return self._nonfinite_outcome()
         if self.is_float:
             self._settle_scale()
-        return self._dense_round([], None)
+        return self._dense_round(None)
 
-    def _dense_round(self, prefix: list[tuple[Op, str, torch.Tensor]], header: torch.Tensor | None) -> Round:
+    def _dense_round(self, lead: Lead | None) -> Round:
         """The whole bucket, quantized at the agreed scale, or at the assumed one with the header beside;
         floats with neither send the header alone first."""
         self.stats.update(protocol="dense", index="none", candidates=self.x.numel(), residue=0)
         if self.is_float and self.scale is None:
             if self.assumed is None:
-                assert header is not None
-                return Round([*prefix, (Op.OR, "header", header)], self._after_dense_header)
+                assert lead is not None
+                return Round(self._lead_messages(lead), self._after_dense_header)
             self.scale = scale_for(self.assumed, self.world)
         with self.clock("encode"):
             q = self._quantize(self.x, clamp=self.assumed is not None)
-        header_step = [] if header is None else [(Op.OR, "header", header)]
-        messages = [*prefix, *header_step, (Op.ADD, "dense", q)]
+        messages = [*([] if lead is None else self._lead_messages(lead)), (Op.ADD, "dense", q)]
         return Round(messages, self._after_dense)
 
     def _after_dense(self, res: Results) -> Round | Outcome:
@@ -371,7 +372,7 @@ class Rounds(Steps):
             if not scale_holds(self.agreed, self.assumed, self.lag):
                 self.stats["scale_redo"] = True
                 self.assumed, self.scale = None, scale_for(self.agreed, self.world)
-                return self._dense_round([], None)
+                return self._dense_round(None)
         with self.clock("decode", "output"):
             values = self._dequantize(res["dense"], self.output_range.words(res["dense"]))
             total = self._output().copy_(values)

@@ -1,20 +1,81 @@
 """The compute steps of a worker's rounds whose work differs on the GPU path: quantizing and dequantizing,
-the sketch's words, the candidates' values, the scan, the output. On the GPU path each is one or two
-Triton kernels (``gpu_encode``, ``gpu_decode``) that fuse what the torch code does in several passes;
-elsewhere the torch code or the CPU kernels. ``protocol.Rounds`` takes them from here.
+the first round's messages, the sketch's words, the candidates' values, the scan, the output. On the GPU
+path each is one or two Triton kernels (``gpu_encode``, ``gpu_decode``) that fuse what the torch code does
+in several passes; elsewhere the torch code or the CPU kernels. ``protocol.Rounds`` takes them from here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from lhc_ina.constants import Op
+
+from . import gpu
+from .agreement import AGREE_WORDS, agreement_words
+from .hashing import MASK32
+from .index import bloom_masks
 from .items import gather_items
-from .quantize import check_sum_range, dequantize, int_bound, quantize
+from .quantize import HEADER_WORDS, check_sum_range, dequantize, int_bound, quantize
 from .sketch import encode_sketch
+
+Step = tuple[Op, str, torch.Tensor]  # a message: op, kind, words
+
+
+@dataclass
+class Lead:
+    """What an aggregation's first round leads with: the agreement message, which carries this worker's
+    item count, and the header (host words). Both reach the device in one copy."""
+
+    items: int
+    header: torch.Tensor
 
 
 class Steps:
     """Mixed into ``protocol.Rounds``, whose state they read (``x``, ``rows``, ``scale``, ``triton``...)."""
+
+    def _lead_words(self, lead: Lead) -> torch.Tensor:
+        """The agreement's words, then the header's, on the host."""
+        with gpu.on_host():
+            agree = agreement_words(self.rank, self.digest, lead.items, torch.device("cpu"))
+            return torch.cat([agree, lead.header])
+
+    def _send_lead(self, lead: Lead) -> tuple[Step, torch.Tensor]:
+        """The agreement message and the header's words on the device, from one copy."""
+        both = gpu.send(self._lead_words(lead), self.x.device)
+        return (Op.ADD, "agree", both[:AGREE_WORDS]), both[AGREE_WORDS:]
+
+    def _lead_messages(self, lead: Lead) -> list[Step]:
+        """The agreement and the header as messages of their own."""
+        agree, header = self._send_lead(lead)
+        return [agree, (Op.OR, "header", header)]
+
+    def _encode_triton(self, lead: Lead | None) -> list[Step]:
+        """The index round's messages on the GPU path, views of one device buffer: [agreement | header
+        | index | sketch]. The index and the sketch are zeroed together (one fill) and written in place
+        by their kernels; the lead's words arrive in one copy, after them."""
+        from .gpu_encode import encode_index, encode_sketch
+
+        spec, sketch = self.index, self.sketch
+        assert spec is not None
+        first = 0 if lead is None else AGREE_WORDS + HEADER_WORDS
+        end = first + spec.words
+        words = torch.empty(end + (sketch.words if sketch else 0), dtype=torch.int32, device=self.x.device)
+        words[first:].zero_()
+        encode_index(spec.kind, self.items, spec.group, spec.words, spec.seed & MASK32,
+                     bloom_masks(spec, self.x.device), out=words[first:end])
+        if sketch is not None and self.finite:  # else zeros: the header tells every worker to discard them
+            encode_sketch(sketch, self.items, self.rows, self.scale if self.is_float else None,
+                          self.assumed is not None, out=words[end:])
+        messages: list[Step] = []
+        if lead is not None:
+            gpu.send_into(words[:first], self._lead_words(lead))
+            messages.append((Op.ADD, "agree", words[:AGREE_WORDS]))
+        messages.append((Op.OR, "index", words[AGREE_WORDS if lead is not None else 0:end]))
+        if sketch is not None:
+            messages.append((Op.ADD, "sketch", words[end:]))
+        return messages
 
     def _quantize(self, rows: torch.Tensor, clamp: bool = False) -> torch.Tensor:
         if not self.is_float:
