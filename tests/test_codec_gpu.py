@@ -24,12 +24,12 @@ if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover -
 
 from host_agent.codec import AggregationError, aggregate_local, gpu, launches  # noqa: E402
 from host_agent.codec.granularity import choose_group  # noqa: E402
-from host_agent.codec.hashing import derive_seed  # noqa: E402
+from host_agent.codec.hashing import MASK32, derive_seed  # noqa: E402
 from host_agent.codec.index import IndexSpec, bitmap_spec, encode_index, query_index  # noqa: E402
-from host_agent.codec.items import gather_items, nonzero_items  # noqa: E402
+from host_agent.codec.items import nonzero_items, nonzero_rows  # noqa: E402
 from host_agent.codec.output import OutputRange  # noqa: E402
 from host_agent.codec.peeling import peel, peel_parallel  # noqa: E402
-from host_agent.codec.quantize import dequantize, exponent_field, quantize  # noqa: E402
+from host_agent.codec.quantize import dequantize, exponent_field, quantize, scale_for  # noqa: E402
 from host_agent.codec.sketch import SketchSpec, cell_ids, encode_sketch, encode_sketch_torch, sketch_cells  # noqa: E402
 from lhc_ina.constants import LANES  # noqa: E402
 from tests.test_codec import make_inputs  # noqa: E402
@@ -70,18 +70,17 @@ def sparse(seed: int, n: int, density: float, dtype: torch.dtype) -> torch.Tenso
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])
 @pytest.mark.parametrize("block", [1, 3, 32])
-def test_the_scan_finds_the_nonzero_items_and_the_header_figures(dtype, block, small_tiles):
+def test_the_scan_counts_the_nonzero_items_and_the_header_figures(dtype, block, small_tiles):
     from host_agent.codec.gpu_encode import scan_nonzero
 
     x = sparse(block, 3001, 0.05, dtype)
     scan = on_gpu(scan_nonzero, x, block)
     items = nonzero_items(x, block)
-    assert torch.equal(scan.items.cpu(), items)
-    assert torch.equal(scan.rows.cpu(), gather_items(x, items, block))
+    assert scan.items == items.numel()
     if dtype == torch.int32:
         assert (scan.lo, scan.hi) == (int(x.min()), int(x.max()))
     else:
-        assert (scan.field, scan.finite) == exponent_field(gather_items(x, items, block))
+        assert (scan.field, scan.finite) == exponent_field(nonzero_rows(x, block)[1])
 
 
 @pytest.mark.parametrize("special", [float("inf"), float("-inf"), float("nan")])
@@ -91,7 +90,40 @@ def test_the_scan_sees_a_value_that_is_not_finite(special, small_tiles):
     x = sparse(5, 777, 0.1, torch.float32)
     x[700] = special
     scan = on_gpu(scan_nonzero, x, 1)
-    assert not scan.finite and scan.field is None and 700 in scan.items.tolist()
+    assert not scan.finite and scan.field is None and scan.items == nonzero_items(x, 1).numel()
+
+
+@pytest.mark.parametrize(("dtype", "block", "kind", "group"), [
+    (torch.float32, 1, "bitmap", 1), (torch.float16, 3, "bloom", 1), (torch.bfloat16, 1, "bloom", 4),
+    (torch.int32, 32, "bitmap", 4)])
+def test_one_pass_encodes_the_index_and_the_sketch_as_the_cpu_does(dtype, block, kind, group, small_tiles):
+    """``encode_bucket`` (the index, the sketch and the header's figures from one pass over the bucket, no
+    list of items) writes the CPU's words from its items and rows: every dtype, blocks, both indexes,
+    groups, both layouts, an assumed scale that saturates (clamped) and one that does not."""
+    from host_agent.codec.gpu_encode import encode_bucket, scan_nonzero, summarize
+    from host_agent.codec.index import bloom_masks
+
+    x = sparse(block + group, 1201, 0.08, dtype)
+    x[x.isinf()] = -3  # float16's overflows: a bucket that is not finite is never quantized
+    n_items = -(-x.numel() // block)
+    items, rows = nonzero_rows(x, block)
+    if kind == "bitmap":
+        spec = bitmap_spec(n_items, group)
+    else:
+        spec = IndexSpec("bloom", n_items, 61, 5, derive_seed(group, block), group)
+    fitting = scale_for(exponent_field(rows)[0], 8)  # the agreed scale of 8 such workers
+    for layout, scale, clamp in [("fused", fitting, False), ("plain", fitting + 30, True)]:
+        sketch = SketchSpec(331, block, derive_seed(block, scale), layout)
+        words = torch.zeros(spec.words, dtype=torch.int32, device=DEVICE)
+        cells = torch.zeros(sketch.words, dtype=torch.int32, device=DEVICE)
+        quantized = rows if dtype == torch.int32 else quantize(rows, scale, clamp)
+        masks = bloom_masks(spec, DEVICE)
+        with gpu.path("triton"):
+            stats = encode_bucket(x.to(DEVICE), block, kind, group, spec.seed & MASK32, masks, words, sketch,
+                                  cells, None if dtype == torch.int32 else scale, clamp)
+        assert torch.equal(words.cpu(), encode_index(spec, items)), layout
+        assert torch.equal(cells.cpu(), encode_sketch_torch(sketch, items, quantized)), layout
+        assert summarize(stats.cpu(), dtype != torch.int32) == on_gpu(scan_nonzero, x, block)
 
 
 def float_bits(seed: int, n: int) -> torch.Tensor:
@@ -232,10 +264,11 @@ def test_an_aggregation_on_the_gpu_path_equals_the_cpu_one(mode, block, dtype):
         assert ours.stats["kernels"] == "triton"
 
 
-@pytest.mark.parametrize("case", ["bloom", "output range", "residue", "scale redo", "not finite"])
+@pytest.mark.parametrize("case", ["bloom", "output range", "residue", "scale redo", "not finite", "support"])
 def test_the_gpu_path_takes_every_turn_of_the_protocol_alike(case):
     """A Bloom index (low density), a shard's decode, a peel that leaves a residue (a sketch forced too
-    small), an assumed scale that does not hold, a NaN on one worker: the CPU's totals and stats."""
+    small), an assumed scale that does not hold, a NaN on one worker, supports given (the index and
+    sketch written from the items, not by one pass): the CPU's totals and stats."""
     xs = make_inputs(3, 4, 40_000, "random", 0.002 if case == "bloom" else 0.02, dtype=torch.float32)
     options: dict = {"mode": "sketch"}
     if case == "bloom":
@@ -246,6 +279,8 @@ def test_the_gpu_path_takes_every_turn_of_the_protocol_alike(case):
         options["cells"] = 2400
     elif case == "scale redo":
         options["state"] = aggregate_local([x * 1e-6 for x in xs]).state
+    elif case == "support":
+        options.update(state=aggregate_local(xs).state, supports=[torch.nonzero(x).squeeze(1) for x in xs])
     else:
         xs[2][17] = float("nan")
     if case == "output range":
@@ -261,6 +296,30 @@ def test_the_gpu_path_takes_every_turn_of_the_protocol_alike(case):
         assert ours.stats.get(key) == cpu.stats.get(key), key
     if case == "residue":
         assert cpu.stats["residue"] > 0
+
+
+@pytest.mark.parametrize("case", ["bitmap", "bloom", "not finite"])
+def test_a_steady_first_round_leaves_as_the_cpu_sends_it(case):
+    """With a state (the steady case), the GPU path's first round (the agreement, the header and index,
+    the sketch: views of one buffer, written by one pass over the bucket and one copy) carries the CPU's
+    words, word for word; a worker whose input is not finite sends a zero sketch, as on the CPU."""
+    from host_agent.codec import WorkerSession
+
+    xs = make_inputs(5, 2, 20_001, "random", 0.03, dtype=torch.float32)
+    state = aggregate_local(xs).state
+    if case == "not finite":
+        xs[1][404] = float("nan")
+    options = {"state": state, "layout": "plain", "index": "bloom" if case == "bloom" else "auto"}
+    sent = []
+    for x, local in ((xs[1], {}), (xs[1].to(DEVICE), {"kernels": "triton"})):
+        session = WorkerSession(x, 1, 2, **options, **local)
+        sent.append([session.next_message() for _ in range(3)])
+    cpu, ours = sent
+    assert [(m.op.name, m.kind) for m in ours] == [(m.op.name, m.kind) for m in cpu] == [
+        ("ADD", "agree"), ("OR", "index"), ("ADD", "sketch")]
+    for mine, theirs in zip(ours, cpu, strict=True):
+        assert torch.equal(mine.words.cpu(), theirs.words), mine.kind
+    assert (ours[2].words.count_nonzero() == 0) == (case == "not finite")
 
 
 def _aggregate_range(xs, local: dict, options: dict):
@@ -370,6 +429,6 @@ def test_one_worker_alone_is_driven_as_the_profiled_benchmark_drives_it():
     assert torch.equal(result.total.cpu(), expected) and result.stats["kernels"] == "triton"
     counted = result.stats["gpu_launches"]
     bloom = result.stats["index"] == "bloom"  # its query is one kernel more than a bitmap's set bits
-    assert counted["decode"] == 11 + bloom and counted["encode"] == 8
+    assert counted["decode"] == 11 + bloom and counted["encode"] == 4
     assert counted["transfer"] == (2 if CUDA else 0)  # index, sketch to the device (a CPU has none; the
     # agreement is read where it was received, as is the header)

@@ -1,5 +1,7 @@
 """The GPU path's encoding kernels: the nonzero scan, the index (bitmap or Bloom filter), the sketch, and
-the candidates' values (union mode, a residue), each quantized inside the kernel that reads it.
+the candidates' values (union mode, a residue), each quantized inside the kernel that reads it. A bucket
+is encoded in one pass (:func:`encode_bucket`: index, sketch and the header's figures at once); the
+kernels that take a list of items serve a bucket whose support was given.
 
 Each kernel names its torch twin; ``tests/test_codec_gpu.py`` holds them to it bit for bit. Integer
 additions into the sketch are int32 atomics: they commute, so the words do not depend on their order.
@@ -14,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gpu import launch, next_pow2, read_back, send, sizes
+from .gpu import launch, next_pow2, read_back, sizes
 from .gpu_jit import cell_ids, hash_items, quantize, reduce_range
 from .index import PATTERN_BITS
 from .sketch import SketchSpec
@@ -23,100 +25,156 @@ from .sketch import SketchSpec
 PATTERN_MASK = tl.constexpr((1 << PATTERN_BITS) - 1)
 
 
+@triton.jit
+def _tile(x, n, n_items, block, ITEMS: tl.constexpr, LANES: tl.constexpr):
+    """A program's tile of items: their numbers, lanes, values (zero past the bucket), which lanes lie
+    in the bucket, and which items hold a nonzero (``items.nonzero_rows``)."""
+    item = tl.program_id(0) * ITEMS + tl.arange(0, ITEMS)
+    lane = tl.arange(0, LANES)
+    elem = item.to(tl.int64)[:, None] * block + lane[None, :]
+    ok = (item[:, None] < n_items) & (lane[None, :] < block) & (elem < n)
+    v = tl.load(x + elem, mask=ok, other=0)
+    held = tl.max(((v != 0) & ok).to(tl.int32), axis=1) > 0
+    return item.to(tl.int64), lane, v, ok, held
+
+
+@triton.jit
+def _tile_stats(v, ok, held, out, IS_FLOAT: tl.constexpr):
+    """The header's figures of a tile at ``out``: its nonzero items, and max |x| as float32 bits
+    (floats) or max and min (int32)."""
+    tl.store(out, tl.sum(held.to(tl.int32), axis=0))
+    if IS_FLOAT:
+        bits = tl.where(ok, tl.abs(v.to(tl.float32)).to(tl.int32, bitcast=True), 0)
+        tl.store(out + 1, tl.max(tl.max(bits, axis=1), axis=0))
+        tl.store(out + 2, 0)
+    else:
+        held_values = tl.where(ok, v, 0)
+        tl.store(out + 1, tl.max(tl.max(held_values, axis=1), axis=0))
+        tl.store(out + 2, tl.min(tl.min(held_values, axis=1), axis=0))
+
+
 @triton.jit(do_not_specialize=["n", "n_items", "block"])
 def _scan_counts(x, n, n_items, block, out, IS_FLOAT: tl.constexpr, ITEMS: tl.constexpr,
                  LANES: tl.constexpr):
-    """Per program: its nonzero items, and max |x| as float32 bits (floats) or max and min (int32)."""
-    pid = tl.program_id(0)
-    item = pid * ITEMS + tl.arange(0, ITEMS)
-    lane = tl.arange(0, LANES)
-    elem = item.to(tl.int64)[:, None] * block + lane[None, :]
-    ok = (item[:, None] < n_items) & (lane[None, :] < block) & (elem < n)
-    v = tl.load(x + elem, mask=ok, other=0)
-    held = tl.max(((v != 0) & ok).to(tl.int32), axis=1)
-    tl.store(out + pid * 3, tl.sum(held, axis=0))
-    if IS_FLOAT:
-        bits = tl.where(ok, tl.abs(v.to(tl.float32)).to(tl.int32, bitcast=True), 0)
-        tl.store(out + pid * 3 + 1, tl.max(tl.max(bits, axis=1), axis=0))
-        tl.store(out + pid * 3 + 2, 0)
-    else:
-        held_values = tl.where(ok, v, 0)
-        tl.store(out + pid * 3 + 1, tl.max(tl.max(held_values, axis=1), axis=0))
-        tl.store(out + pid * 3 + 2, tl.min(tl.min(held_values, axis=1), axis=0))
-
-
-@triton.jit(do_not_specialize=["n", "n_items", "block"])
-def _scan_write(x, n, n_items, block, offsets, items_out, rows_out, ITEMS: tl.constexpr,
-                LANES: tl.constexpr):
-    """``items.nonzero_rows``: the nonzero items in order, and their rows (the short last one padded)."""
-    pid = tl.program_id(0)
-    item = pid * ITEMS + tl.arange(0, ITEMS)
-    lane = tl.arange(0, LANES)
-    elem = item.to(tl.int64)[:, None] * block + lane[None, :]
-    ok = (item[:, None] < n_items) & (lane[None, :] < block) & (elem < n)
-    v = tl.load(x + elem, mask=ok, other=0)
-    held = tl.max(((v != 0) & ok).to(tl.int32), axis=1)
-    pos = tl.load(offsets + pid) + (tl.cumsum(held, axis=0) - held).to(tl.int64)
-    keep = held > 0
-    tl.store(items_out + pos, item.to(tl.int64), mask=keep)
-    tl.store(rows_out + pos[:, None] * block + lane[None, :], v, mask=keep[:, None] & (lane[None, :] < block))
+    """Per program: the header's figures of its tile (``quantize.exponent_field``, ``int_in_bound``)."""
+    _, _, v, ok, held = _tile(x, n, n_items, block, ITEMS, LANES)
+    _tile_stats(v, ok, held, out + tl.program_id(0) * 3, IS_FLOAT)
 
 
 @dataclass
 class Scan:
-    """What the scan found: the nonzero items and rows, and what the header says of them."""
+    """What the scan found: how many nonzero items, and what the header says of them."""
 
-    items: torch.Tensor
-    rows: torch.Tensor
+    items: int
     field: int | None  # float32 exponent field of max |x| (floats; None if all zero)
     finite: bool
     lo: int  # smallest and largest value (int32 inputs)
     hi: int
 
 
-def scan_nonzero(x: torch.Tensor, block: int) -> Scan:
-    """``items.nonzero_rows`` and the header's statistics (``quantize.exponent_field``,
-    ``int_in_bound``) in two passes over ``x``, with one read-back of the per-program counts between."""
-    n = x.numel()
-    n_items = -(-n // block)
+def scan_stats(x: torch.Tensor, block: int) -> torch.Tensor:
+    """The per-program figures (:func:`summarize` reads them) of one pass over ``x``: one kernel."""
+    programs, tile, lanes = _tiling(x, block)
+    stats = torch.empty((programs, 3), dtype=torch.int32, device=x.device)
+    launch(_scan_counts, (programs,), x, x.numel(), -(-x.numel() // block), block, stats,
+           IS_FLOAT=x.dtype != torch.int32, ITEMS=tile, LANES=lanes, num_warps=sizes()["warps"])
+    return stats
+
+
+def _tiling(x: torch.Tensor, block: int) -> tuple[int, int, int]:
+    """(programs, items per program, lanes) of a pass over ``x`` in items of ``block`` elements."""
     lanes = next_pow2(block)
     tile = max(1, sizes()["scan"] // lanes)
-    programs = -(-n_items // tile)
-    is_float = x.dtype != torch.int32
-    stats = torch.empty((programs, 3), dtype=torch.int32, device=x.device)
-    warps = sizes()["warps"]
-    launch(_scan_counts, (programs,), x, n, n_items, block, stats, IS_FLOAT=is_float, ITEMS=tile, LANES=lanes,
-           num_warps=warps)
-    host = read_back(stats).numpy().astype(np.int64)
-    counts = host[:, 0]
-    k = int(counts.sum())
-    offsets = send(torch.from_numpy(np.concatenate(([0], np.cumsum(counts)[:-1]))), x.device)
-    items = torch.empty(k, dtype=torch.int64, device=x.device)
-    rows = torch.empty((k, block), dtype=x.dtype, device=x.device)
-    if k:
-        launch(_scan_write, (programs,), x, n, n_items, block, offsets, items, rows, ITEMS=tile, LANES=lanes,
-               num_warps=warps)
+    n_items = -(-x.numel() // block)
+    return -(-n_items // tile), tile, lanes
+
+
+def summarize(stats: torch.Tensor, is_float: bool) -> Scan:
+    """The figures of a whole bucket from its programs' (read back: a host tensor)."""
+    host = stats.numpy().astype(np.int64)
     top = int(host[:, 1].max())
+    k = int(host[:, 0].sum())
     if is_float:
         field = None if top == 0 or top >= 0x7F800000 else (top >> 23) & 0xFF
-        return Scan(items, rows, field, top < 0x7F800000, 0, 0)
-    return Scan(items, rows, None, True, int(host[:, 2].min()), top)
+        return Scan(k, field, top < 0x7F800000, 0, 0)
+    return Scan(k, None, True, int(host[:, 2].min()), top)
+
+
+def scan_nonzero(x: torch.Tensor, block: int) -> Scan:
+    """The nonzero items' number and the header's figures: one kernel and one read-back."""
+    return summarize(read_back(scan_stats(x, block)), x.dtype != torch.int32)
+
+
+@triton.jit
+def _index_or(item, held, group, words, n_words, seed, masks, BLOOM: tl.constexpr):
+    """OR each held item's entry's bit (bitmap) or pattern (Bloom) into its word; an entry met twice (a
+    group of several items) ORs the same bits again."""
+    entry = item // group
+    if BLOOM:
+        h = hash_items(entry, seed)
+        pattern = tl.load(masks + (h & PATTERN_MASK).to(tl.int64))
+        tl.atomic_or(words + reduce_range(h, n_words), pattern, mask=held)
+    else:
+        bit = tl.cast(1, tl.uint32) << (entry & 31).to(tl.uint32)
+        tl.atomic_or(words + (entry >> 5), bit.to(tl.int32, bitcast=True), mask=held)
+
+
+@triton.jit
+def _sketch_add(item, q, both, lane, block, sketch, start_seed, s0, s1, s2, s3, starts, seg,
+                ARITY: tl.constexpr):
+    """Add each item's row ``q`` (where ``both``) to each of its cells: int32 atomics, which commute and
+    wrap mod 2^32 like the torch code's int64 sum and wrap."""
+    c0, c1, c2, c3 = cell_ids(item, start_seed, s0, s1, s2, s3, starts, seg, ARITY)
+    tl.atomic_add(sketch + c0[:, None] * block + lane[None, :], q, mask=both)
+    tl.atomic_add(sketch + c1[:, None] * block + lane[None, :], q, mask=both)
+    tl.atomic_add(sketch + c2[:, None] * block + lane[None, :], q, mask=both)
+    if ARITY == 4:
+        tl.atomic_add(sketch + c3[:, None] * block + lane[None, :], q, mask=both)
+
+
+@triton.jit(do_not_specialize=["n", "n_items", "block", "group", "n_words", "seed", "start_seed", "s0", "s1",
+                               "s2", "s3", "starts", "seg", "scale"])
+def _encode_bucket(x, n, n_items, block, stats, words, group, n_words, seed, masks, sketch, start_seed, s0,
+                   s1, s2, s3, starts, seg, scale, IS_FLOAT: tl.constexpr, BLOOM: tl.constexpr,
+                   SKETCH: tl.constexpr, ARITY: tl.constexpr, QUANTIZE: tl.constexpr, CLAMP: tl.constexpr,
+                   ITEMS: tl.constexpr, LANES: tl.constexpr):
+    """One pass over the bucket: ``items.nonzero_rows``, then ``index.encode_index`` and
+    ``sketch.encode_sketch`` of the rows quantized (``quantize.quantize``) for the held items of each
+    tile, and the tile's header figures (:func:`_scan_counts`). No item list is written: the tile's
+    items go straight to their index bits and sketch cells."""
+    item, lane, v, ok, held = _tile(x, n, n_items, block, ITEMS, LANES)
+    _tile_stats(v, ok, held, stats + tl.program_id(0) * 3, IS_FLOAT)
+    _index_or(item, held, group, words, n_words, seed, masks, BLOOM)
+    if SKETCH:
+        q = quantize(v.to(tl.float32), scale, CLAMP) if QUANTIZE else v
+        _sketch_add(item, q, held[:, None] & (lane[None, :] < block), lane, block, sketch, start_seed, s0, s1,
+                    s2, s3, starts, seg, ARITY)
+
+
+def encode_bucket(x: torch.Tensor, block: int, kind: str, group: int, seed: int, masks: torch.Tensor | None,
+                  words: torch.Tensor, spec: SketchSpec | None, sketch: torch.Tensor, scale: int | None,
+                  clamp: bool) -> torch.Tensor:
+    """This worker's index (``kind``, ``group``, ``seed``, ``masks`` as :func:`encode_index` takes them)
+    into ``words`` and, where ``spec`` is given, its sketch quantized at ``scale`` (None: int32 rows) into
+    ``sketch`` (both zeroed by the caller), straight from ``x`` in one kernel; returns the per-program
+    figures of :func:`scan_stats`."""
+    programs, tile, lanes = _tiling(x, block)
+    stats = torch.empty((programs, 3), dtype=torch.int32, device=x.device)
+    layout = seed_args(spec) if spec is not None else (0,) * 7
+    launch(_encode_bucket, (programs,), x, x.numel(), -(-x.numel() // block), block, stats, words, group,
+           words.numel(), seed, words if masks is None else masks, sketch, *layout, scale or 0,
+           IS_FLOAT=x.dtype != torch.int32, BLOOM=kind == "bloom", SKETCH=spec is not None,
+           ARITY=spec.arity if spec is not None else 3, QUANTIZE=scale is not None, CLAMP=clamp, ITEMS=tile,
+           LANES=lanes, num_warps=sizes()["warps"])
+    return stats
 
 
 @triton.jit(do_not_specialize=["k", "group", "n_words", "seed"])
 def _index_encode(items, k, group, words, n_words, seed, masks, BLOOM: tl.constexpr, TILE: tl.constexpr):
-    """``index.encode_index``: OR each entry's bit (bitmap) or pattern (Bloom) into its word; an entry
-    met twice (a group of several items) ORs the same bits again."""
+    """``index.encode_index`` of a list of items."""
     i = tl.program_id(0) * TILE + tl.arange(0, TILE)
     ok = i < k
-    entry = tl.load(items + i, mask=ok, other=0) // group
-    if BLOOM:
-        h = hash_items(entry, seed)
-        pattern = tl.load(masks + (h & PATTERN_MASK).to(tl.int64))
-        tl.atomic_or(words + reduce_range(h, n_words), pattern, mask=ok)
-    else:
-        bit = tl.cast(1, tl.uint32) << (entry & 31).to(tl.uint32)
-        tl.atomic_or(words + (entry >> 5), bit.to(tl.int32, bitcast=True), mask=ok)
+    _index_or(tl.load(items + i, mask=ok, other=0), ok, group, words, n_words, seed, masks, BLOOM)
 
 
 def encode_index(kind: str, items: torch.Tensor, group: int, n_words: int, seed: int,
@@ -137,8 +195,8 @@ def encode_index(kind: str, items: torch.Tensor, group: int, n_words: int, seed:
 def _sketch_encode(items, rows, k, block, sketch, start_seed, s0, s1, s2, s3, starts, seg, scale,
                    ARITY: tl.constexpr, QUANTIZE: tl.constexpr, CLAMP: tl.constexpr, TILE: tl.constexpr,
                    LANES: tl.constexpr):
-    """``sketch.encode_sketch`` of the quantized rows (``quantize.quantize``, fused): each row added to
-    each of its cells, int32 atomics wrapping mod 2^32 like the torch code's int64 sum and wrap."""
+    """``sketch.encode_sketch`` of a list of items and their rows, quantized (``quantize.quantize``,
+    fused)."""
     i = tl.program_id(0) * TILE + tl.arange(0, TILE)
     ok = i < k
     lane = tl.arange(0, LANES)
@@ -146,12 +204,7 @@ def _sketch_encode(items, rows, k, block, sketch, start_seed, s0, s1, s2, s3, st
     item = tl.load(items + i, mask=ok, other=0)
     v = tl.load(rows + i.to(tl.int64)[:, None] * block + lane[None, :], mask=both, other=0)
     q = quantize(v.to(tl.float32), scale, CLAMP) if QUANTIZE else v
-    c0, c1, c2, c3 = cell_ids(item, start_seed, s0, s1, s2, s3, starts, seg, ARITY)
-    tl.atomic_add(sketch + c0[:, None] * block + lane[None, :], q, mask=both)
-    tl.atomic_add(sketch + c1[:, None] * block + lane[None, :], q, mask=both)
-    tl.atomic_add(sketch + c2[:, None] * block + lane[None, :], q, mask=both)
-    if ARITY == 4:
-        tl.atomic_add(sketch + c3[:, None] * block + lane[None, :], q, mask=both)
+    _sketch_add(item, q, both, lane, block, sketch, start_seed, s0, s1, s2, s3, starts, seg, ARITY)
 
 
 def seed_args(spec: SketchSpec) -> tuple[int, ...]:

@@ -52,7 +52,7 @@ from .quantize import (
     scale_for,
     scale_holds,
 )
-from .sketch import SketchSpec, cells_per_candidate, sketch_cells
+from .sketch import SketchSpec, cells_per_candidate, encode_sketch, sketch_cells
 from .state import BucketShape, CodecState
 from .steps import Lead, Steps
 
@@ -186,9 +186,17 @@ class Rounds(Steps):
 
     # --- sketch and union --------------------------------------------------------------------------
     def _sparse_start(self) -> Round:
+        expected = self.opts.expected_items
+        if expected is None:
+            expected = self.state.items or None  # an all-zero last round tells nothing about this one
+        self.assumed = self._assumed_field()
+        sizing = expected is None or (self.is_float and self.opts.mode == "sketch" and self.assumed is None)
+        scan = self.triton and self.support is None  # one scan finds the items and the header's figures
+        if scan and not sizing:  # the same pass encodes the index and the sketch
+            return self._index_round(expected, None, scan_lead=True)
         with self.clock("encode"):
-            if self.triton and self.support is None:  # one scan finds the items and the header's figures
-                header = self._scan_triton()
+            if scan:
+                lead = self._scan_triton()
             else:
                 if self.support is not None:
                     self.items = support_items(self.support.to(self.x.device), self.block)
@@ -198,13 +206,8 @@ class Rounds(Steps):
                 complete = True
                 if self.support is not None and self.opts.check_support:
                     complete = int(torch.count_nonzero(self.x)) == int(torch.count_nonzero(self.rows))
-                header = self._header(self.rows, complete)
-        lead = Lead(self.items.numel(), header)
-        expected = self.opts.expected_items
-        if expected is None:
-            expected = self.state.items or None  # an all-zero last round tells nothing about this one
-        self.assumed = self._assumed_field()
-        if expected is None or (self.is_float and self.opts.mode == "sketch" and self.assumed is None):
+                lead = Lead(self.items.numel(), self._header(self.rows, complete))
+        if sizing:
             return Round(self._lead_messages(lead), self._after_sizing)
         return self._index_round(expected, lead)
 
@@ -223,9 +226,10 @@ class Rounds(Steps):
             return self._outcome(total, None)
         return self._index_round(expected, None)
 
-    def _index_round(self, expected: int, lead: Lead | None) -> Round:
-        """Index (with the header when not yet sent) and, in sketch mode, the sketch, sized for
-        ``expected`` items; the dense bucket instead where that would cost no more."""
+    def _index_round(self, expected: int, lead: Lead | None, scan_lead: bool = False) -> Round:
+        """Index (with the header when not yet sent: ``lead``, or made by the encoding pass itself where
+        ``scan_lead``) and, in sketch mode, the sketch, sized for ``expected`` items; the dense bucket
+        instead where that would cost no more."""
         opts, block = self.opts, self.block
         iteration = self.state.iteration
         sketch = opts.mode == "sketch"
@@ -239,19 +243,22 @@ class Rounds(Steps):
         if sketch:
             cells = opts.cells or sketch_cells(candidates, opts.margin, block, LANES, layout)
         payload = cells * block if sketch else candidates * block
-        header_words = 0 if lead is None else HEADER_WORDS
+        header_words = 0 if lead is None and not scan_lead else HEADER_WORDS
         # Compared in whole packets, as they go on the wire: for a tiny bucket the index and the values
         # alone may fill two packets where the whole bucket fills one.
         sparse_packets = _packets(header_words + spec.words) + _packets(payload)
         if sparse_packets >= _packets(header_words) + _packets(self.x.numel()):
+            if scan_lead:
+                with self.clock("encode"):
+                    lead = self._scan_triton()
             return self._dense_round(lead)
-        self.index, self.header_in_index = spec, lead is not None
+        self.index, self.header_in_index = spec, header_words > 0
         if sketch:
             self.sketch = SketchSpec(cells, block, derive_seed(opts.seed, iteration, 2), layout)
             if self.is_float and self.scale is None:
                 self.scale = scale_for(self.assumed, self.world)
         with self.clock("encode"):
-            messages = self._encode_triton(lead) if self.triton else self._encode(lead)
+            messages = self._encode_triton(lead, scan_lead) if self.triton else self._encode(lead)
         return Round(messages, self._after_index)
 
     def _encode(self, lead: Lead | None) -> list[tuple[Op, str, torch.Tensor]]:
@@ -265,7 +272,8 @@ class Rounds(Steps):
             messages.append(agree)
         messages.append((Op.OR, "index", index_words))
         if self.sketch is not None:
-            messages.append((Op.ADD, "sketch", self._sketch_words(clamp=self.assumed is not None)))
+            rows = self._quantize(self.rows, clamp=self.assumed is not None)
+            messages.append((Op.ADD, "sketch", encode_sketch(self.sketch, self.items, rows)))
         return messages
 
     def _after_index(self, res: Results) -> Round | Outcome:

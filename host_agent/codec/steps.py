@@ -18,7 +18,6 @@ from .hashing import MASK32
 from .index import bloom_masks
 from .items import gather_items
 from .quantize import HEADER_WORDS, check_sum_range, dequantize, int_bound, quantize
-from .sketch import encode_sketch
 
 Step = tuple[Op, str, torch.Tensor]  # a message: op, kind, words
 
@@ -51,23 +50,34 @@ class Steps:
         agree, header = self._send_lead(lead)
         return [agree, (Op.OR, "header", header)]
 
-    def _encode_triton(self, lead: Lead | None) -> list[Step]:
+    def _encode_triton(self, lead: Lead | None, scan_lead: bool) -> list[Step]:
         """The index round's messages on the GPU path, views of one device buffer: [agreement | header
-        | index | sketch]. The index and the sketch are zeroed together (one fill) and written in place
-        by their kernels; the lead's words arrive in one copy, after them."""
-        from .gpu_encode import encode_index, encode_sketch
+        | index | sketch]. The index and the sketch are zeroed together (one fill) and written in place,
+        by one pass over the bucket (``gpu_encode.encode_bucket``) or, where the support was given, from
+        its items; where ``scan_lead``, that pass also finds the lead's figures (one read-back). The
+        lead's words arrive last, in one copy."""
+        from .gpu_encode import encode_bucket, encode_index, encode_sketch, summarize
 
         spec, sketch = self.index, self.sketch
         assert spec is not None
-        first = 0 if lead is None else AGREE_WORDS + HEADER_WORDS
+        first = 0 if lead is None and not scan_lead else AGREE_WORDS + HEADER_WORDS
         end = first + spec.words
         words = torch.empty(end + (sketch.words if sketch else 0), dtype=torch.int32, device=self.x.device)
         words[first:].zero_()
-        encode_index(spec.kind, self.items, spec.group, spec.words, spec.seed & MASK32,
-                     bloom_masks(spec, self.x.device), out=words[first:end])
-        if sketch is not None and self.finite:  # else zeros: the header tells every worker to discard them
-            encode_sketch(sketch, self.items, self.rows, self.scale if self.is_float else None,
-                          self.assumed is not None, out=words[end:])
+        masks, scale, clamp = bloom_masks(spec, self.x.device), self.scale if self.is_float else None, \
+            self.assumed is not None
+        if self.support is None:
+            stats = encode_bucket(self.x, self.block, spec.kind, spec.group, spec.seed & MASK32, masks,
+                                  words[first:end], sketch, words[end:], scale, clamp)
+            if scan_lead:
+                lead = self._lead_of(summarize(gpu.read_back(stats), self.is_float))
+            if sketch is not None and not self.finite:  # zeros: the header tells every worker to discard
+                words[end:].zero_()  # them (only a worker whose input is not finite: one fill more)
+        else:
+            encode_index(spec.kind, self.items, spec.group, spec.words, spec.seed & MASK32, masks,
+                         out=words[first:end])
+            if sketch is not None and self.finite:  # else zeros, as above
+                encode_sketch(sketch, self.items, self.rows, scale, clamp, out=words[end:])
         messages: list[Step] = []
         if lead is not None:
             gpu.send_into(words[:first], self._lead_words(lead))
@@ -93,26 +103,18 @@ class Steps:
         check_sum_range(summed, self.scale or 0, self.agreed, self.world, self.x.dtype)
         return dequantize(part, self.scale or 0, self.x.dtype)
 
-    def _scan_triton(self) -> torch.Tensor:
-        """This worker's items, rows and header from one scan of its bucket (two kernels)."""
+    def _scan_triton(self) -> Lead:
+        """This worker's item count and header from one pass over its bucket (one kernel, one
+        read-back)."""
         from .gpu_encode import scan_nonzero
 
-        scan = scan_nonzero(self.x, self.block)
-        self.items, self.rows = scan.items, scan.rows
+        return self._lead_of(scan_nonzero(self.x, self.block))
+
+    def _lead_of(self, scan) -> Lead:
+        """The lead of a scan's figures (``gpu_encode.Scan``)."""
         bound = int_bound(self.world)
-        return self._header_of(scan.field, scan.finite, -bound <= scan.lo and scan.hi <= bound)
-
-    def _sketch_words(self, clamp: bool) -> torch.Tensor:
-        """This worker's sketch: its rows quantized and added to their cells (one kernel on the GPU path)."""
-        assert self.sketch is not None
-        if not self.triton:
-            return encode_sketch(self.sketch, self.items, self._quantize(self.rows, clamp=clamp))
-        if not self.finite:  # only beside the header, which tells every worker to discard these words
-            return torch.zeros(self.sketch.words, dtype=torch.int32, device=self.x.device)
-        from .gpu_encode import encode_sketch as encode_sketch_triton
-
-        return encode_sketch_triton(self.sketch, self.items, self.rows, self.scale if self.is_float else None,
-                                    clamp)
+        in_bound = -bound <= scan.lo and scan.hi <= bound
+        return Lead(scan.items, self._header_of(scan.field, scan.finite, in_bound))
 
     def _candidate_values(self, cands: torch.Tensor) -> torch.Tensor:
         """The quantized rows of ``cands`` (gathered and quantized by one kernel on the GPU path)."""
