@@ -224,9 +224,10 @@ def test_peeling_recovers_what_the_cpu_recovers(layout, block, load):
 @pytest.mark.parametrize("shape", ["few", "many", "between windows", "none"])
 def test_the_granularity_choice_counts_as_on_the_cpu(block, shape, monkeypatch):
     """Fewer candidates than the sample (all counted), more (the spread windows), a union that lies wholly
-    between the windows (counted again, whole), and none at all. Windows are made small (8 of 128
-    candidates instead of 64 of 1024) so that the interpreter runs few programs; the kernel takes the
-    window as a constant and places the windows from the counts it is given."""
+    between the windows (counted again, whole), and none at all; counted by its own kernel and by the
+    output's. Windows are made small (8 of 128 candidates instead of 64 of 1024) so that the interpreter
+    runs few programs; the kernels take the window as a constant and place the windows from the counts
+    they are given."""
     from host_agent.codec import granularity
 
     monkeypatch.setattr(granularity, "_WINDOWS", 8)
@@ -243,6 +244,14 @@ def test_the_granularity_choice_counts_as_on_the_cpu(block, shape, monkeypatch):
         values.zero_()
     expected = choose_group(1 << 22, cands, values, 5.0)
     assert on_gpu(choose_group, 1 << 22, cands, values, 5.0) == expected
+    # the output kernel counts the same figures beside a shard's output (all candidates, whatever the range)
+    from host_agent.codec.gpu_decode import fill_output
+
+    out = torch.empty(5000, dtype=torch.int32, device=DEVICE)
+    moved = cands.to(DEVICE), values.to(DEVICE)
+    with gpu.path("triton"):
+        counted = fill_output(out, 1 << 20, *moved, block, None, granularity.count_windows(k))
+        assert choose_group(1 << 22, *moved, 5.0, counted) == expected
 
 
 CASES = [(mode, block, dtype) for mode in ("sketch", "union", "dense") for block in (1, 8)
@@ -429,6 +438,6 @@ def test_one_worker_alone_is_driven_as_the_profiled_benchmark_drives_it():
     assert torch.equal(result.total.cpu(), expected) and result.stats["kernels"] == "triton"
     counted = result.stats["gpu_launches"]
     bloom = result.stats["index"] == "bloom"  # its query is one kernel more than a bitmap's set bits
-    assert counted["decode"] == 11 + bloom and counted["encode"] == 4
+    assert counted["decode"] == 10 + bloom and counted["encode"] == 4
     assert counted["transfer"] == (2 if CUDA else 0)  # index, sketch to the device (a CPU has none; the
     # agreement is read where it was received, as is the header)

@@ -321,8 +321,9 @@ class Rounds(Steps):
 
     def _finish_sparse(self) -> Outcome:
         with self.clock("decode", "output"):
+            counted = None  # the GPU path's output kernel counts what the granularity choice reads
             if self.triton:
-                total, rows = self._fill_triton()
+                total, rows, counted = self._fill_triton()
             else:
                 run = self.output_range.candidates(self.cands, self.block)
                 rows = self._dequantize(self.values, self.values[run])
@@ -331,7 +332,7 @@ class Rounds(Steps):
         with self.clock("decode", "granularity"):
             per_candidate = self.sketch.cells / max(1, len(self.cands)) if self.sketch else 1
             cost = LANE_BYTES * self.block * per_candidate
-            group, union = choose_group(self.n_items, self.cands, self.values, cost)
+            group, union = choose_group(self.n_items, self.cands, self.values, cost, counted)
         decoded = self.values if self.peeled else rows
         self.stats.update(self._sparse_stats(), decoded_elements=decoded.numel(), next_group=group)
         return self._outcome(total, union or None, group)  # an empty union tells nothing about the next round

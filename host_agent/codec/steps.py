@@ -14,6 +14,7 @@ from lhc_ina.constants import Op
 
 from . import gpu
 from .agreement import AGREE_WORDS, agreement_words
+from .granularity import count_windows
 from .hashing import MASK32
 from .index import bloom_masks
 from .items import gather_items
@@ -126,9 +127,10 @@ class Steps:
 
         return gather_quantize(self.x, cands, self.block, self.scale if self.is_float else None)
 
-    def _fill_triton(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The output, written by one kernel that dequantizes too, and the candidates' rows in the range
-        (for the stats: the whole range needs no search for them)."""
+    def _fill_triton(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The output, written by one kernel that dequantizes too and counts what the granularity choice
+        reads (returned on the device), and the candidates' rows in the range (for the stats: the whole
+        range needs no search for them)."""
         from .gpu_decode import fill_output
 
         whole = self.output_range.lo == 0 and self.output_range.hi == self.x.numel()
@@ -138,5 +140,6 @@ class Steps:
             check_sum_range(self.values, self.scale or 0, self.agreed, self.world, self.x.dtype)
             scale = self.scale or 0
         total = self._output()
-        fill_output(total, self.output_range.lo, self.cands, self.values, self.block, scale)
-        return total, rows
+        counted = fill_output(total, self.output_range.lo, self.cands, self.values, self.block, scale,
+                              count_windows(self.cands.numel()))
+        return total, rows, counted
