@@ -157,15 +157,17 @@ def encode_bucket(x: torch.Tensor, block: int, kind: str, group: int, seed: int,
     """This worker's index (``kind``, ``group``, ``seed``, ``masks`` as :func:`encode_index` takes them)
     into ``words`` and, where ``spec`` is given, its sketch quantized at ``scale`` (None: int32 rows) into
     ``sketch`` (both zeroed by the caller), straight from ``x`` in one kernel; returns the per-program
-    figures of :func:`scan_stats`."""
+    figures of :func:`scan_stats`. (An argument the kernel does not read is given a tensor that is not
+    empty: an empty view may point one past its allocation, where Triton's pointer check could fail.)"""
     programs, tile, lanes = _tiling(x, block)
     stats = torch.empty((programs, 3), dtype=torch.int32, device=x.device)
     layout = seed_args(spec) if spec is not None else (0,) * 7
+    unread = words  # stands for the masks of a bitmap and the sketch of union mode
     launch(_encode_bucket, (programs,), x, x.numel(), -(-x.numel() // block), block, stats, words, group,
-           words.numel(), seed, words if masks is None else masks, sketch, *layout, scale or 0,
-           IS_FLOAT=x.dtype != torch.int32, BLOOM=kind == "bloom", SKETCH=spec is not None,
-           ARITY=spec.arity if spec is not None else 3, QUANTIZE=scale is not None, CLAMP=clamp, ITEMS=tile,
-           LANES=lanes, num_warps=sizes()["warps"])
+           words.numel(), seed, unread if masks is None else masks, unread if spec is None else sketch,
+           *layout, scale or 0, IS_FLOAT=x.dtype != torch.int32, BLOOM=kind == "bloom",
+           SKETCH=spec is not None, ARITY=spec.arity if spec is not None else 3, QUANTIZE=scale is not None,
+           CLAMP=clamp, ITEMS=tile, LANES=lanes, num_warps=sizes()["warps"])
     return stats
 
 

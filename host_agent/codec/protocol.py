@@ -191,7 +191,7 @@ class Rounds(Steps):
             expected = self.state.items or None  # an all-zero last round tells nothing about this one
         self.assumed = self._assumed_field()
         sizing = expected is None or (self.is_float and self.opts.mode == "sketch" and self.assumed is None)
-        scan = self.triton and self.support is None  # one scan finds the items and the header's figures
+        scan = self.triton and self.support is None  # one pass counts the items, finds the header's figures
         if scan and not sizing:  # the same pass encodes the index and the sketch
             return self._index_round(expected, None, scan_lead=True)
         with self.clock("encode"):

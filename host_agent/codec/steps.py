@@ -65,8 +65,8 @@ class Steps:
         end = first + spec.words
         words = torch.empty(end + (sketch.words if sketch else 0), dtype=torch.int32, device=self.x.device)
         words[first:].zero_()
-        masks, scale, clamp = bloom_masks(spec, self.x.device), self.scale if self.is_float else None, \
-            self.assumed is not None
+        masks = bloom_masks(spec, self.x.device)
+        scale, clamp = self.scale if self.is_float else None, self.assumed is not None
         if self.support is None:
             stats = encode_bucket(self.x, self.block, spec.kind, spec.group, spec.seed & MASK32, masks,
                                   words[first:end], sketch, words[end:], scale, clamp)
