@@ -126,6 +126,48 @@ def test_one_pass_encodes_the_index_and_the_sketch_as_the_cpu_does(dtype, block,
         assert summarize(stats.cpu(), dtype != torch.int32) == on_gpu(scan_nonzero, x, block)
 
 
+LEADS = [(torch.float32, "random", 0), (torch.bfloat16, "random", 31), (torch.float16, "nan", 6),
+         (torch.float32, "zero", 2), (torch.int32, "random", 3), (torch.int32, "beyond", 17),
+         (torch.float32, "dense", 1)]
+
+
+@pytest.mark.parametrize(("dtype", "case", "rank"), LEADS)
+def test_the_lead_is_written_on_the_device_as_the_host_writes_it(dtype, case, rank):
+    """``encode_lead`` writes the agreement message and the header from the scan's figures as
+    ``agreement_words`` and ``header_words`` do from them on the host: both halves of the item count
+    (dense: over 2^16 items), the exponent's bit (none for an all-zero bucket), a worker's bit for a NaN
+    (its sketch then zeroed) or an integer beyond the bound, ranks 0 to 31 (bit 31: a negative word)."""
+    from host_agent.codec.agreement import AGREE_WORDS, agreement_words
+    from host_agent.codec.gpu_encode import encode_lead, scan_stats, summarize
+    from host_agent.codec.quantize import HEADER_WORDS, header_words, int_bound
+
+    x = sparse(rank, 70_001 if case == "dense" else 3001, 1.0 if case == "dense" else 0.05, dtype)
+    if case == "nan":
+        x[100] = float("nan")
+    elif case == "zero":
+        x.zero_()
+    elif case == "beyond":
+        x[7] = int_bound(4) + 1
+    previous = None if CUDA else gpu.set_sizes(scan=256, fill=4)  # many programs, several rows each
+    try:
+        with gpu.path("triton"):
+            stats = scan_stats(x.to(DEVICE), 1)
+            out = torch.zeros(AGREE_WORDS + HEADER_WORDS, dtype=torch.int32, device=DEVICE)
+            sketch = torch.ones(37, dtype=torch.int32, device=DEVICE)
+            encode_lead(stats, out, rank, 0xDEADBEEF, 4, dtype != torch.int32, sketch)
+    finally:
+        if previous is not None:
+            gpu.set_sizes(**previous)
+    scan = summarize(stats.cpu(), dtype != torch.int32)
+    bound, cpu = int_bound(4), torch.device("cpu")
+    expected = torch.cat([agreement_words(rank, 0xDEADBEEF, scan.items, cpu),
+                          header_words(scan.field, rank, finite=scan.finite, support_complete=True,
+                                       in_bound=-bound <= scan.lo and scan.hi <= bound, device=cpu)])
+    assert torch.equal(out.cpu(), expected)
+    assert (sketch.count_nonzero().item() == 0) == (case == "nan")
+    assert (scan.items >= 1 << 16) == (case == "dense")
+
+
 def float_bits(seed: int, n: int) -> torch.Tensor:
     """Floats from random bits: every exponent (subnormals included), both signs, ties and zeros."""
     g = torch.Generator().manual_seed(seed)
@@ -438,6 +480,6 @@ def test_one_worker_alone_is_driven_as_the_profiled_benchmark_drives_it():
     assert torch.equal(result.total.cpu(), expected) and result.stats["kernels"] == "triton"
     counted = result.stats["gpu_launches"]
     bloom = result.stats["index"] == "bloom"  # its query is one kernel more than a bitmap's set bits
-    assert counted["decode"] == 10 + bloom and counted["encode"] == 4
+    assert counted["decode"] == 10 + bloom and counted["encode"] == 3
     assert counted["transfer"] == (2 if CUDA else 0)  # index, sketch to the device (a CPU has none; the
     # agreement is read where it was received, as is the header)

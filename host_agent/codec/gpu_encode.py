@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import agreement
+from . import quantize as header
 from .gpu import launch, next_pow2, read_back, sizes
 from .gpu_jit import cell_ids, hash_items, quantize, reduce_range
 from .index import PATTERN_BITS
@@ -23,6 +25,13 @@ from .sketch import SketchSpec
 
 #: The Bloom filter's patterns, chosen by a hash's low bits.
 PATTERN_MASK = tl.constexpr((1 << PATTERN_BITS) - 1)
+#: Where the lead's words go (``agreement`` then ``quantize``'s header).
+CLAIMS_WORD = tl.constexpr(agreement.CLAIMS_WORD)
+ITEMS_WORD = tl.constexpr(agreement.ITEMS_WORD)
+AGREE_WORDS = tl.constexpr(agreement.AGREE_WORDS)
+NONFINITE_WORD = tl.constexpr(header.NONFINITE_WORD)
+UNSCALABLE_WORD = tl.constexpr(header.UNSCALABLE_WORD)
+NOT_FINITE_BITS = tl.constexpr(0x7F800000)  # |x| as float32 bits at or above this: inf or NaN
 
 
 @triton.jit
@@ -103,6 +112,57 @@ def summarize(stats: torch.Tensor, is_float: bool) -> Scan:
 def scan_nonzero(x: torch.Tensor, block: int) -> Scan:
     """The nonzero items' number and the header's figures: one kernel and one read-back."""
     return summarize(read_back(scan_stats(x, block)), x.dtype != torch.int32)
+
+
+@triton.jit(do_not_specialize=["programs", "rank", "digest", "bound", "n_sketch"])
+def _lead(stats, programs, out, rank, digest, bound, sketch, n_sketch, IS_FLOAT: tl.constexpr,
+          ROWS: tl.constexpr):
+    """``agreement.agreement_words`` then ``quantize.header_words`` of the bucket's figures (its programs'
+    ``stats``, as :func:`summarize` reads them) into ``out`` (zeroed), by one program. A bucket that is
+    not finite also zeroes its ``sketch`` (the header tells every worker to discard those words; the CPU
+    sends zeros): a loop of one program, slow but only then."""
+    r = tl.arange(0, ROWS)
+    count = tl.zeros([ROWS], tl.int64)
+    top = tl.full([ROWS], -2147483648, tl.int32)
+    low = tl.full([ROWS], 2147483647, tl.int32)
+    for first in range(0, programs, ROWS):
+        ok = first + r < programs
+        row = stats + (first + r) * 3
+        count += tl.load(row, mask=ok, other=0).to(tl.int64)
+        top = tl.maximum(top, tl.load(row + 1, mask=ok, other=-2147483648))
+        low = tl.minimum(low, tl.load(row + 2, mask=ok, other=2147483647))
+    k = tl.sum(count, axis=0)
+    hi = tl.max(top, axis=0)
+    lo = tl.min(low, axis=0)
+    tl.store(out + rank, digest)
+    tl.store(out + CLAIMS_WORD + rank // 2, (rank * 0 + 1) << (16 * (rank % 2)))
+    tl.store(out + ITEMS_WORD, (k & 0xFFFF).to(tl.int32))
+    tl.store(out + ITEMS_WORD + 1, (k >> 16).to(tl.int32))
+    worker = (tl.cast(1, tl.uint32) << rank.to(tl.uint32)).to(tl.int32, bitcast=True)
+    head = out + AGREE_WORDS
+    if IS_FLOAT:
+        finite = hi < NOT_FINITE_BITS
+        field = (hi >> 23) & 0xFF
+        one = (tl.cast(1, tl.uint32) << (field % 32).to(tl.uint32)).to(tl.int32, bitcast=True)
+        tl.store(head + field // 32, one, mask=finite & (hi != 0))
+        tl.store(head + NONFINITE_WORD, worker, mask=hi >= NOT_FINITE_BITS)
+        if hi >= NOT_FINITE_BITS:
+            for at in range(0, n_sketch, ROWS):
+                tl.store(sketch + at + r, tl.zeros([ROWS], tl.int32), mask=at + r < n_sketch)
+    else:
+        tl.store(head + UNSCALABLE_WORD, worker, mask=(lo < -bound) | (hi > bound))
+
+
+def encode_lead(stats: torch.Tensor, out: torch.Tensor, rank: int, digest: int, world: int, is_float: bool,
+                sketch: torch.Tensor | None) -> None:
+    """This worker's lead (the agreement message, then the header) into ``out`` (zeroed) from its
+    bucket's figures (:func:`encode_bucket`'s ``stats``), on the device: one kernel, nothing read back
+    (the host never learns the figures; every worker reads them from the aggregated header)."""
+    unsigned = digest & 0xFFFFFFFF
+    zeroed = sketch if sketch is not None and sketch.numel() else out  # never an empty view
+    launch(_lead, (1,), stats, stats.shape[0], out, rank, (unsigned ^ 0x80000000) - 0x80000000,
+           header.int_bound(world), zeroed, 0 if sketch is None else sketch.numel(), IS_FLOAT=is_float,
+           ROWS=sizes()["fill"], num_warps=sizes()["warps"])
 
 
 @triton.jit

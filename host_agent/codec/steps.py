@@ -53,37 +53,36 @@ class Steps:
 
     def _encode_triton(self, lead: Lead | None, scan_lead: bool) -> list[Step]:
         """The index round's messages on the GPU path, views of one device buffer: [agreement | header
-        | index | sketch]. The index and the sketch are zeroed together (one fill) and written in place,
-        by one pass over the bucket (``gpu_encode.encode_bucket``) or, where the support was given, from
-        its items; where ``scan_lead``, that pass also finds the lead's figures (one read-back). The
-        lead's words arrive last, in one copy."""
-        from .gpu_encode import encode_bucket, encode_index, encode_sketch, summarize
+        | index | sketch], zeroed by one fill. The index and the sketch are written in place by one pass
+        over the bucket (``gpu_encode.encode_bucket``) or, where the support was given, from its items.
+        Where ``scan_lead``, that pass also finds the lead's figures and one more kernel writes the lead
+        from them (``gpu_encode.encode_lead``): nothing is read back, so the host does not wait (nor
+        learn whether its own input is finite: the aggregated header says so to every worker). A lead
+        made on the host arrives in one copy."""
+        from .gpu_encode import encode_bucket, encode_index, encode_lead, encode_sketch
 
         spec, sketch = self.index, self.sketch
         assert spec is not None
         first = 0 if lead is None and not scan_lead else AGREE_WORDS + HEADER_WORDS
         end = first + spec.words
-        words = torch.empty(end + (sketch.words if sketch else 0), dtype=torch.int32, device=self.x.device)
-        words[first:].zero_()
+        words = torch.zeros(end + (sketch.words if sketch else 0), dtype=torch.int32, device=self.x.device)
         masks = bloom_masks(spec, self.x.device)
         scale, clamp = self.scale if self.is_float else None, self.assumed is not None
         if self.support is None:
             stats = encode_bucket(self.x, self.block, spec.kind, spec.group, spec.seed & MASK32, masks,
                                   words[first:end], sketch, words[end:], scale, clamp)
             if scan_lead:
-                lead = self._lead_of(summarize(gpu.read_back(stats), self.is_float))
-            if sketch is not None and not self.finite:  # zeros: the header tells every worker to discard
-                words[end:].zero_()  # them (only a worker whose input is not finite: one fill more)
+                encode_lead(stats, words[:first], self.rank, self.digest, self.world, self.is_float,
+                            words[end:] if sketch is not None else None)
         else:
             encode_index(spec.kind, self.items, spec.group, spec.words, spec.seed & MASK32, masks,
                          out=words[first:end])
-            if sketch is not None and self.finite:  # else zeros, as above
+            if sketch is not None and self.finite:  # else zeros: the header says to discard them
                 encode_sketch(sketch, self.items, self.rows, scale, clamp, out=words[end:])
-        messages: list[Step] = []
         if lead is not None:
             gpu.send_into(words[:first], self._lead_words(lead))
-            messages.append((Op.ADD, "agree", words[:AGREE_WORDS]))
-        messages.append((Op.OR, "index", words[AGREE_WORDS if lead is not None else 0:end]))
+        messages: list[Step] = [(Op.ADD, "agree", words[:AGREE_WORDS])] if first else []
+        messages.append((Op.OR, "index", words[AGREE_WORDS if first else 0:end]))
         if sketch is not None:
             messages.append((Op.ADD, "sketch", words[end:]))
         return messages
