@@ -1,7 +1,8 @@
 """The compute steps of a worker's rounds whose work differs on the GPU path: quantizing and dequantizing,
-the first round's messages, the sketch's words, the candidates' values, the scan, the output. On the GPU
-path each is one or two Triton kernels (``gpu_encode``, ``gpu_decode``) that fuse what the torch code does
-in several passes; elsewhere the torch code or the CPU kernels. ``protocol.Rounds`` takes them from here.
+the first round's lead (the agreement and the header), the index round's messages, the candidates'
+values, the scan, the output. On the GPU path each is one or two Triton kernels (``gpu_encode``,
+``gpu_decode``) that fuse what the torch code does in several passes; elsewhere the torch code or the CPU
+kernels. ``protocol.Rounds`` takes them from here.
 """
 
 from __future__ import annotations
