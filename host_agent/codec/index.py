@@ -148,15 +148,15 @@ def choose_index(
     entries = bitmap.entries
     held = max(1, min(-(-expected_items // group), entries))
     outside = entries - held
-    best: tuple[float, IndexSpec] | None = None
+    best: tuple[float, int, int] | None = None  # (cost, words, k); the spec is made once, for the best
     for tenths, k, rate in _fp_grid():
         words = max(1, math.ceil(held * tenths / 320))
         cost = 4 * words + rate * outside * group * bytes_per_candidate
         if best is None or cost < best[0]:
-            best = (cost, IndexSpec("bloom", n_items, words, k, seed, group))
+            best = (cost, words, k)
     assert best is not None
     if kind == "bloom" or best[0] < 4 * bitmap.words:
-        return best[1]
+        return IndexSpec("bloom", n_items, best[1], best[2], seed, group)
     return bitmap
 
 
