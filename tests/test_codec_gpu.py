@@ -24,12 +24,12 @@ if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover -
 
 from host_agent.codec import AggregationError, aggregate_local, gpu, launches  # noqa: E402
 from host_agent.codec.granularity import choose_group  # noqa: E402
-from host_agent.codec.hashing import derive_seed  # noqa: E402
+from host_agent.codec.hashing import MASK32, derive_seed  # noqa: E402
 from host_agent.codec.index import IndexSpec, bitmap_spec, encode_index, query_index  # noqa: E402
-from host_agent.codec.items import gather_items, nonzero_items  # noqa: E402
+from host_agent.codec.items import nonzero_items, nonzero_rows  # noqa: E402
 from host_agent.codec.output import OutputRange  # noqa: E402
 from host_agent.codec.peeling import peel, peel_parallel  # noqa: E402
-from host_agent.codec.quantize import dequantize, exponent_field, quantize  # noqa: E402
+from host_agent.codec.quantize import dequantize, exponent_field, quantize, scale_for  # noqa: E402
 from host_agent.codec.sketch import SketchSpec, cell_ids, encode_sketch, encode_sketch_torch, sketch_cells  # noqa: E402
 from lhc_ina.constants import LANES  # noqa: E402
 from tests.test_codec import make_inputs  # noqa: E402
@@ -70,18 +70,17 @@ def sparse(seed: int, n: int, density: float, dtype: torch.dtype) -> torch.Tenso
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])
 @pytest.mark.parametrize("block", [1, 3, 32])
-def test_the_scan_finds_the_nonzero_items_and_the_header_figures(dtype, block, small_tiles):
+def test_the_scan_counts_the_nonzero_items_and_the_header_figures(dtype, block, small_tiles):
     from host_agent.codec.gpu_encode import scan_nonzero
 
     x = sparse(block, 3001, 0.05, dtype)
     scan = on_gpu(scan_nonzero, x, block)
     items = nonzero_items(x, block)
-    assert torch.equal(scan.items.cpu(), items)
-    assert torch.equal(scan.rows.cpu(), gather_items(x, items, block))
+    assert scan.items == items.numel()
     if dtype == torch.int32:
         assert (scan.lo, scan.hi) == (int(x.min()), int(x.max()))
     else:
-        assert (scan.field, scan.finite) == exponent_field(gather_items(x, items, block))
+        assert (scan.field, scan.finite) == exponent_field(nonzero_rows(x, block)[1])
 
 
 @pytest.mark.parametrize("special", [float("inf"), float("-inf"), float("nan")])
@@ -91,7 +90,82 @@ def test_the_scan_sees_a_value_that_is_not_finite(special, small_tiles):
     x = sparse(5, 777, 0.1, torch.float32)
     x[700] = special
     scan = on_gpu(scan_nonzero, x, 1)
-    assert not scan.finite and scan.field is None and 700 in scan.items.tolist()
+    assert not scan.finite and scan.field is None and scan.items == nonzero_items(x, 1).numel()
+
+
+@pytest.mark.parametrize(("dtype", "block", "kind", "group"), [
+    (torch.float32, 1, "bitmap", 1), (torch.float16, 3, "bloom", 1), (torch.bfloat16, 1, "bloom", 4),
+    (torch.int32, 32, "bitmap", 4)])
+def test_one_pass_encodes_the_index_and_the_sketch_as_the_cpu_does(dtype, block, kind, group, small_tiles):
+    """``encode_bucket`` (the index, the sketch and the header's figures from one pass over the bucket, no
+    list of items) writes the CPU's words from its items and rows: every dtype, blocks, both indexes,
+    groups, both layouts, an assumed scale that saturates (clamped) and one that does not."""
+    from host_agent.codec.gpu_encode import encode_bucket, scan_nonzero, summarize
+    from host_agent.codec.index import bloom_masks
+
+    x = sparse(block + group, 1201, 0.08, dtype)
+    x[x.isinf()] = -3  # float16's overflows: a bucket that is not finite is never quantized
+    n_items = -(-x.numel() // block)
+    items, rows = nonzero_rows(x, block)
+    if kind == "bitmap":
+        spec = bitmap_spec(n_items, group)
+    else:
+        spec = IndexSpec("bloom", n_items, 61, 5, derive_seed(group, block), group)
+    fitting = scale_for(exponent_field(rows)[0], 8)  # the agreed scale of 8 such workers
+    for layout, scale, clamp in [("fused", fitting, False), ("plain", fitting + 30, True)]:
+        sketch = SketchSpec(331, block, derive_seed(block, scale), layout)
+        words = torch.zeros(spec.words, dtype=torch.int32, device=DEVICE)
+        cells = torch.zeros(sketch.words, dtype=torch.int32, device=DEVICE)
+        quantized = rows if dtype == torch.int32 else quantize(rows, scale, clamp)
+        masks = bloom_masks(spec, DEVICE)
+        with gpu.path("triton"):
+            stats = encode_bucket(x.to(DEVICE), block, kind, group, spec.seed & MASK32, masks, words, sketch,
+                                  cells, None if dtype == torch.int32 else scale, clamp)
+        assert torch.equal(words.cpu(), encode_index(spec, items)), layout
+        assert torch.equal(cells.cpu(), encode_sketch_torch(sketch, items, quantized)), layout
+        assert summarize(stats.cpu(), dtype != torch.int32) == on_gpu(scan_nonzero, x, block)
+
+
+LEADS = [(torch.float32, "random", 0), (torch.bfloat16, "random", 31), (torch.float16, "nan", 6),
+         (torch.float32, "zero", 2), (torch.int32, "random", 3), (torch.int32, "beyond", 17),
+         (torch.float32, "dense", 1)]
+
+
+@pytest.mark.parametrize(("dtype", "case", "rank"), LEADS)
+def test_the_lead_is_written_on_the_device_as_the_host_writes_it(dtype, case, rank):
+    """``encode_lead`` writes the agreement message and the header from the scan's figures as
+    ``agreement_words`` and ``header_words`` do from them on the host: both halves of the item count
+    (dense: over 2^16 items), the exponent's bit (none for an all-zero bucket), a worker's bit for a NaN
+    (its sketch then zeroed) or an integer beyond the bound, ranks 0 to 31 (bit 31: a negative word)."""
+    from host_agent.codec.agreement import AGREE_WORDS, agreement_words
+    from host_agent.codec.gpu_encode import encode_lead, scan_stats, summarize
+    from host_agent.codec.quantize import HEADER_WORDS, header_words, int_bound
+
+    x = sparse(rank, 70_001 if case == "dense" else 3001, 1.0 if case == "dense" else 0.05, dtype)
+    if case == "nan":
+        x[100] = float("nan")
+    elif case == "zero":
+        x.zero_()
+    elif case == "beyond":
+        x[7] = int_bound(4) + 1
+    previous = None if CUDA else gpu.set_sizes(scan=256, fill=4)  # many programs, several rows each
+    try:
+        with gpu.path("triton"):
+            stats = scan_stats(x.to(DEVICE), 1)
+            out = torch.zeros(AGREE_WORDS + HEADER_WORDS, dtype=torch.int32, device=DEVICE)
+            sketch = torch.ones(37, dtype=torch.int32, device=DEVICE)
+            encode_lead(stats, out, rank, 0xDEADBEEF, 4, dtype != torch.int32, sketch)
+    finally:
+        if previous is not None:
+            gpu.set_sizes(**previous)
+    scan = summarize(stats.cpu(), dtype != torch.int32)
+    bound, cpu = int_bound(4), torch.device("cpu")
+    expected = torch.cat([agreement_words(rank, 0xDEADBEEF, scan.items, cpu),
+                          header_words(scan.field, rank, finite=scan.finite, support_complete=True,
+                                       in_bound=-bound <= scan.lo and scan.hi <= bound, device=cpu)])
+    assert torch.equal(out.cpu(), expected)
+    assert (sketch.count_nonzero().item() == 0) == (case == "nan")
+    assert (scan.items >= 1 << 16) == (case == "dense")
 
 
 def float_bits(seed: int, n: int) -> torch.Tensor:
@@ -192,9 +266,10 @@ def test_peeling_recovers_what_the_cpu_recovers(layout, block, load):
 @pytest.mark.parametrize("shape", ["few", "many", "between windows", "none"])
 def test_the_granularity_choice_counts_as_on_the_cpu(block, shape, monkeypatch):
     """Fewer candidates than the sample (all counted), more (the spread windows), a union that lies wholly
-    between the windows (counted again, whole), and none at all. Windows are made small (8 of 128
-    candidates instead of 64 of 1024) so that the interpreter runs few programs; the kernel takes the
-    window as a constant and places the windows from the counts it is given."""
+    between the windows (counted again, whole), and none at all; counted by its own kernel and by the
+    output's. Windows are made small (8 of 128 candidates instead of 64 of 1024) so that the interpreter
+    runs few programs; the kernels take the window as a constant and place the windows from the counts
+    they are given."""
     from host_agent.codec import granularity
 
     monkeypatch.setattr(granularity, "_WINDOWS", 8)
@@ -211,6 +286,14 @@ def test_the_granularity_choice_counts_as_on_the_cpu(block, shape, monkeypatch):
         values.zero_()
     expected = choose_group(1 << 22, cands, values, 5.0)
     assert on_gpu(choose_group, 1 << 22, cands, values, 5.0) == expected
+    # the output kernel counts the same figures beside a shard's output (all candidates, whatever the range)
+    from host_agent.codec.gpu_decode import fill_output
+
+    out = torch.empty(5000, dtype=torch.int32, device=DEVICE)
+    moved = cands.to(DEVICE), values.to(DEVICE)
+    with gpu.path("triton"):
+        counted = fill_output(out, 1 << 20, *moved, block, None, granularity.count_windows(k))
+        assert choose_group(1 << 22, *moved, 5.0, counted) == expected
 
 
 CASES = [(mode, block, dtype) for mode in ("sketch", "union", "dense") for block in (1, 8)
@@ -232,10 +315,11 @@ def test_an_aggregation_on_the_gpu_path_equals_the_cpu_one(mode, block, dtype):
         assert ours.stats["kernels"] == "triton"
 
 
-@pytest.mark.parametrize("case", ["bloom", "output range", "residue", "scale redo", "not finite"])
+@pytest.mark.parametrize("case", ["bloom", "output range", "residue", "scale redo", "not finite", "support"])
 def test_the_gpu_path_takes_every_turn_of_the_protocol_alike(case):
     """A Bloom index (low density), a shard's decode, a peel that leaves a residue (a sketch forced too
-    small), an assumed scale that does not hold, a NaN on one worker: the CPU's totals and stats."""
+    small), an assumed scale that does not hold, a NaN on one worker, supports given (the index and
+    sketch written from the items, not by one pass): the CPU's totals and stats."""
     xs = make_inputs(3, 4, 40_000, "random", 0.002 if case == "bloom" else 0.02, dtype=torch.float32)
     options: dict = {"mode": "sketch"}
     if case == "bloom":
@@ -246,6 +330,8 @@ def test_the_gpu_path_takes_every_turn_of_the_protocol_alike(case):
         options["cells"] = 2400
     elif case == "scale redo":
         options["state"] = aggregate_local([x * 1e-6 for x in xs]).state
+    elif case == "support":
+        options.update(state=aggregate_local(xs).state, supports=[torch.nonzero(x).squeeze(1) for x in xs])
     else:
         xs[2][17] = float("nan")
     if case == "output range":
@@ -261,6 +347,30 @@ def test_the_gpu_path_takes_every_turn_of_the_protocol_alike(case):
         assert ours.stats.get(key) == cpu.stats.get(key), key
     if case == "residue":
         assert cpu.stats["residue"] > 0
+
+
+@pytest.mark.parametrize("case", ["bitmap", "bloom", "not finite"])
+def test_a_steady_first_round_leaves_as_the_cpu_sends_it(case):
+    """With a state (the steady case), the GPU path's first round (the agreement, the header and index,
+    the sketch: views of one buffer, written by one pass over the bucket and one copy) carries the CPU's
+    words, word for word; a worker whose input is not finite sends a zero sketch, as on the CPU."""
+    from host_agent.codec import WorkerSession
+
+    xs = make_inputs(5, 2, 20_001, "random", 0.03, dtype=torch.float32)
+    state = aggregate_local(xs).state
+    if case == "not finite":
+        xs[1][404] = float("nan")
+    options = {"state": state, "layout": "plain", "index": "bloom" if case == "bloom" else "auto"}
+    sent = []
+    for x, local in ((xs[1], {}), (xs[1].to(DEVICE), {"kernels": "triton"})):
+        session = WorkerSession(x, 1, 2, **options, **local)
+        sent.append([session.next_message() for _ in range(3)])
+    cpu, ours = sent
+    assert [(m.op.name, m.kind) for m in ours] == [(m.op.name, m.kind) for m in cpu] == [
+        ("ADD", "agree"), ("OR", "index"), ("ADD", "sketch")]
+    for mine, theirs in zip(ours, cpu, strict=True):
+        assert torch.equal(mine.words.cpu(), theirs.words), mine.kind
+    assert (ours[2].words.count_nonzero() == 0) == (case == "not finite")
 
 
 def _aggregate_range(xs, local: dict, options: dict):
@@ -370,6 +480,6 @@ def test_one_worker_alone_is_driven_as_the_profiled_benchmark_drives_it():
     assert torch.equal(result.total.cpu(), expected) and result.stats["kernels"] == "triton"
     counted = result.stats["gpu_launches"]
     bloom = result.stats["index"] == "bloom"  # its query is one kernel more than a bitmap's set bits
-    assert counted["decode"] == 11 + bloom and counted["encode"] == 11
+    assert counted["decode"] == 10 + bloom and counted["encode"] == 3
     assert counted["transfer"] == (2 if CUDA else 0)  # index, sketch to the device (a CPU has none; the
     # agreement is read where it was received, as is the header)

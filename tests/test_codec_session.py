@@ -115,11 +115,10 @@ def test_agreeing_workers_pass_the_check_in_every_mode():
 
 def test_receive_only_stores_and_advance_computes_in_a_worker_thread(monkeypatch):
     import host_agent.codec.protocol as protocol
-    import host_agent.codec.steps as steps
 
     calls: list[str] = []
     for module, name in ((protocol, "peel"), (protocol, "query_index"), (protocol, "nonzero_rows"),
-                         (steps, "encode_sketch")):
+                         (protocol, "encode_sketch")):
         real = getattr(module, name)
         monkeypatch.setattr(
             module, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a)
@@ -171,12 +170,12 @@ def test_next_message_advances_by_itself_for_simple_drivers():
 
 
 def test_a_local_failure_fails_the_session_with_the_one_error_type(monkeypatch):
-    import host_agent.codec.steps as steps
+    import host_agent.codec.protocol as protocol
 
     def broken(*args):
         raise MemoryError("no room for the sketch")
 
-    monkeypatch.setattr(steps, "encode_sketch", broken)
+    monkeypatch.setattr(protocol, "encode_sketch", broken)
     s = WorkerSession((sparse(0) * 100).to(torch.int32), 1, 2, expected_items=100)  # sketch in round 1
     with pytest.raises(AggregationError, match=r"worker 1 failed.*no room") as failure:
         s.next_message()

@@ -29,10 +29,10 @@ import torch
 from host_agent.errors import AggregationError
 from lhc_ina.constants import MAX_WORKERS
 
-_DIGEST = 0
-_CLAIMS = MAX_WORKERS
-_ITEMS = _CLAIMS + MAX_WORKERS // 2
-AGREE_WORDS = _ITEMS + 2
+DIGEST_WORD = 0
+CLAIMS_WORD = MAX_WORKERS
+ITEMS_WORD = CLAIMS_WORD + MAX_WORKERS // 2
+AGREE_WORDS = ITEMS_WORD + 2
 _MASK32 = (1 << 32) - 1
 
 PARAMETERS_NAMED = (
@@ -53,10 +53,10 @@ def _signed(word: int) -> int:
 def agreement_words(rank: int, digest: int, items: int, device: torch.device) -> torch.Tensor:
     """This worker's agreement message (ADD-aggregated)."""
     words = [0] * AGREE_WORDS
-    words[_DIGEST + rank] = digest & _MASK32
-    words[_CLAIMS + rank // 2] = 1 << (16 * (rank % 2))
-    words[_ITEMS] = items & 0xFFFF
-    words[_ITEMS + 1] = items >> 16
+    words[DIGEST_WORD + rank] = digest & _MASK32
+    words[CLAIMS_WORD + rank // 2] = 1 << (16 * (rank % 2))
+    words[ITEMS_WORD] = items & 0xFFFF
+    words[ITEMS_WORD + 1] = items >> 16
     return torch.tensor([_signed(w) for w in words], dtype=torch.int32, device=device)
 
 
@@ -77,7 +77,7 @@ def check_agreement(words: torch.Tensor, world_size: int) -> int:
     vals = [w & _MASK32 for w in words.tolist()]
     if len(vals) != AGREE_WORDS:
         raise AggregationError(f"the agreement message has {len(vals)} words, not {AGREE_WORDS}")
-    claims = [vals[_CLAIMS + r // 2] >> (16 * (r % 2)) & 0xFFFF for r in range(MAX_WORKERS)]
+    claims = [vals[CLAIMS_WORD + r // 2] >> (16 * (r % 2)) & 0xFFFF for r in range(MAX_WORKERS)]
     contributions = sum(claims)
     shared = [r for r in range(MAX_WORKERS) if claims[r] > 1]
     if shared:
@@ -87,7 +87,7 @@ def check_agreement(words: torch.Tensor, world_size: int) -> int:
             tuple(shared),
         )
     present = [r for r in range(MAX_WORKERS) if claims[r]]
-    groups = _groups({r: vals[_DIGEST + r] for r in present})
+    groups = _groups({r: vals[DIGEST_WORD + r] for r in present})
     if len(groups) > 1:
         odd = tuple(sorted(r for group in groups[1:] for r in group))
         listing = " vs ".join(str(group) for group in groups)
@@ -99,4 +99,4 @@ def check_agreement(words: torch.Tensor, world_size: int) -> int:
         raise AggregationError(
             f"{contributions} of {world_size} workers took part: rank(s) {list(missing)} missing", missing
         )
-    return vals[_ITEMS] + (vals[_ITEMS + 1] << 16)
+    return vals[ITEMS_WORD] + (vals[ITEMS_WORD + 1] << 16)

@@ -23,7 +23,7 @@ from types import ModuleType
 import torch
 
 from . import launches
-from .transfer import to_device, to_host
+from .transfer import to_device, to_device_into, to_host
 
 GPU_VARIABLE = "LHC_CODEC_GPU"
 _choice = os.environ.get(GPU_VARIABLE, "triton")
@@ -127,6 +127,13 @@ def send(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     launches.note(1)
     with launches.paused():
         return to_device(tensor, device)
+
+
+def send_into(target: torch.Tensor, tensor: torch.Tensor) -> None:
+    """:func:`send` into ``target``, a view of a larger buffer on the device: one device operation."""
+    launches.note(1)
+    with launches.paused():
+        to_device_into(target, tensor)
 
 
 @contextmanager

@@ -68,24 +68,36 @@ def _bfloat16_bits(v):
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.int16, bitcast=True)
 
 
-@triton.jit(do_not_specialize=["lo", "hi", "block", "k"])
-def _fill(out, lo, hi, block, cands, values, k, f1, f2, f3, DEQUANTIZE: tl.constexpr, BF16: tl.constexpr,
-          TILE: tl.constexpr, LANES: tl.constexpr):
+@triton.jit(do_not_specialize=["lo", "hi", "block", "k", "fills", "windows", "num", "den"])
+def _fill(out, lo, hi, block, cands, values, k, f1, f2, f3, counts, fills, windows, num, den,
+          DEQUANTIZE: tl.constexpr, BF16: tl.constexpr, COUNT: tl.constexpr, TILE: tl.constexpr,
+          LANES: tl.constexpr, WINDOW: tl.constexpr, WINDOW_LANES: tl.constexpr):
     """``output.OutputRange.fill`` after ``quantize.dequantize``: each candidate's row at its elements
-    within [lo, hi) (the output was zeroed; a bfloat16 output is written as its bits)."""
-    i = tl.program_id(0) * TILE + tl.arange(0, TILE)
-    ok = i < k
-    lane = tl.arange(0, LANES)
-    elem = tl.load(cands + i, mask=ok, other=0)[:, None] * block + lane[None, :]
-    inside = ok[:, None] & (lane[None, :] < block) & (elem >= lo) & (elem < hi)
-    q = tl.load(values + i.to(tl.int64)[:, None] * block + lane[None, :], mask=inside, other=0)
-    if BF16:
-        row = _bfloat16_bits(dequantize(q, f1, f2, f3))
-    elif DEQUANTIZE:
-        row = dequantize(q, f1, f2, f3).to(out.dtype.element_ty)
-    else:
-        row = q
-    tl.store(out + (elem - lo), row, mask=inside)
+    within [lo, hi) (the output was zeroed; a bfloat16 output is written as its bits), by the first
+    ``fills`` programs. With ``COUNT``, what the granularity choice reads (:func:`_group_counts`' figures):
+    each of those programs counts its candidates' nonzero rows (all of them, whatever the range), and
+    ``windows`` more programs count the windows."""
+    pid = tl.program_id(0)
+    if pid < fills:
+        i = pid * TILE + tl.arange(0, TILE)
+        ok = i < k
+        lane = tl.arange(0, LANES)
+        elem = tl.load(cands + i, mask=ok, other=0)[:, None] * block + lane[None, :]
+        inside = ok[:, None] & (lane[None, :] < block) & (elem >= lo) & (elem < hi)
+        q = tl.load(values + i.to(tl.int64)[:, None] * block + lane[None, :], mask=inside, other=0)
+        if BF16:
+            row = _bfloat16_bits(dequantize(q, f1, f2, f3))
+        elif DEQUANTIZE:
+            row = dequantize(q, f1, f2, f3).to(out.dtype.element_ty)
+        else:
+            row = q
+        tl.store(out + (elem - lo), row, mask=inside)
+        if COUNT:
+            held = rows_nonzero(values, i, ok, block, LANES)
+            tl.store(counts + windows * STATS + pid, tl.sum(held.to(tl.int64), axis=0))
+    elif COUNT:
+        _window_stats(cands, values, k, block, pid - fills, num, den, counts + (pid - fills) * STATS, WINDOW,
+                      WINDOW_LANES)
 
 
 def pow2_factors(exponent: int) -> tuple[float, float, float]:
@@ -101,20 +113,28 @@ def pow2_factors(exponent: int) -> tuple[float, float, float]:
 
 
 def fill_output(out: torch.Tensor, lo: int, cands: torch.Tensor, values: torch.Tensor, block: int,
-                scale: int | None) -> None:
+                scale: int | None, windows: tuple[int, int, int, int] | None = None) -> torch.Tensor | None:
     """Write ``out`` (elements lo..lo+len(out) of the total) whole: zeros, then each candidate's row,
-    dequantized at ``scale`` (None: int32 sums as they are)."""
+    dequantized at ``scale`` (None: int32 sums as they are). Where ``windows`` (count, num, den, window:
+    as :func:`group_counts` takes them) is given, the same kernel counts what the granularity choice
+    reads: returns those figures on the device (:func:`read_counts` reads them; None without
+    candidates)."""
     out.zero_()
     k = cands.numel()
     if not k:
-        return
+        return None
     lanes = next_pow2(block)
     tile = max(1, sizes()["fill"] // lanes)
+    fills = -(-k // tile)
     f1, f2, f3 = pow2_factors(-scale) if scale is not None else (1.0, 1.0, 1.0)
     bf16 = out.dtype == torch.bfloat16
     target = out.view(torch.int16) if bf16 else out
-    launch(_fill, (-(-k // tile),), target, lo, lo + out.numel(), block, cands, values, k, f1, f2, f3,
-           DEQUANTIZE=scale is not None, BF16=bf16, TILE=tile, LANES=lanes, num_warps=sizes()["warps"])
+    count, num, den, window = windows or (0, 0, 1, 1)
+    counts = torch.empty(count * _STATS + fills if windows else 1, dtype=torch.int64, device=cands.device)
+    launch(_fill, (fills + count,), target, lo, lo + out.numel(), block, cands, values, k, f1, f2, f3, counts,
+           fills, count, num, den, DEQUANTIZE=scale is not None, BF16=bf16, COUNT=windows is not None,
+           TILE=tile, LANES=lanes, WINDOW=window, WINDOW_LANES=min(lanes, 32), num_warps=sizes()["warps"])
+    return counts if windows else None
 
 
 #: ``granularity.GROUPS``, as the counting kernel unrolls them: 2^0 .. 2^6.
@@ -124,30 +144,35 @@ _STATS = 10
 STATS = tl.constexpr(_STATS)
 
 
+@triton.jit
+def _window_stats(cands, values, k, block, w, num, den, row, WINDOW: tl.constexpr, LANES: tl.constexpr):
+    """Window ``w`` of candidates (``granularity._sample``; it starts at ``w * num // den``): the first and
+    last item whose row is nonzero, how many, and for each group size how many of them start a new group
+    (``index.group_entries``) within the window, at ``row``."""
+    j = w.to(tl.int64) * num // den + tl.arange(0, WINDOW)
+    ok = j < k
+    item = tl.load(cands + j, mask=ok, other=0)
+    keep = rows_nonzero(values, j, ok, block, LANES)
+    back = ok & (tl.arange(0, WINDOW) > 0)
+    prev = tl.load(cands + j - 1, mask=back, other=0)
+    prev_keep = rows_nonzero(values, j - 1, back, block, LANES)
+    before = tl.associative_scan(tl.where(prev_keep, prev, -1), 0, maximum)
+    tl.store(row, tl.min(tl.where(keep, item, 1 << 62), axis=0))
+    tl.store(row + 1, tl.max(tl.where(keep, item, -1), axis=0))
+    tl.store(row + 2, tl.sum(keep.to(tl.int64), axis=0))
+    for power in tl.static_range(GROUP_POWERS):
+        new = keep & ((before < 0) | ((before >> power) != (item >> power)))
+        tl.store(row + 3 + power, tl.sum(new.to(tl.int64), axis=0))
+
+
 @triton.jit(do_not_specialize=["k", "block", "windows", "num", "den"])
 def _group_counts(cands, values, k, block, windows, num, den, out, WINDOW: tl.constexpr, CHUNK: tl.constexpr,
                   LANES: tl.constexpr):
-    """The first ``windows`` programs: per window of candidates (``granularity._sample``; window i starts
-    at ``i * num // den``), the first and last item whose row is nonzero, how many, and for each group size
-    how many of them start a new group (``index.group_entries``) within the window. The rest: nonzero
-    rows per chunk (the union)."""
+    """The first ``windows`` programs: per window, :func:`_window_stats`. The rest: nonzero rows per chunk
+    (the union)."""
     pid = tl.program_id(0)
     if pid < windows:
-        j = pid.to(tl.int64) * num // den + tl.arange(0, WINDOW)
-        ok = j < k
-        item = tl.load(cands + j, mask=ok, other=0)
-        keep = rows_nonzero(values, j, ok, block, LANES)
-        back = ok & (tl.arange(0, WINDOW) > 0)
-        prev = tl.load(cands + j - 1, mask=back, other=0)
-        prev_keep = rows_nonzero(values, j - 1, back, block, LANES)
-        before = tl.associative_scan(tl.where(prev_keep, prev, -1), 0, maximum)
-        row = out + pid * STATS
-        tl.store(row, tl.min(tl.where(keep, item, 1 << 62), axis=0))
-        tl.store(row + 1, tl.max(tl.where(keep, item, -1), axis=0))
-        tl.store(row + 2, tl.sum(keep.to(tl.int64), axis=0))
-        for power in tl.static_range(GROUP_POWERS):
-            new = keep & ((before < 0) | ((before >> power) != (item >> power)))
-            tl.store(row + 3 + power, tl.sum(new.to(tl.int64), axis=0))
+        _window_stats(cands, values, k, block, pid, num, den, out + pid * STATS, WINDOW, LANES)
     else:
         c = (pid - windows) * CHUNK + tl.arange(0, CHUNK)
         held = rows_nonzero(values, c, c < k, block, LANES)
@@ -158,7 +183,7 @@ def group_counts(cands: torch.Tensor, values: torch.Tensor, windows: int, num: i
                  ) -> tuple[int, int, dict[int, int]]:
     """(union, sample size, {group: entries in the sample}) as ``granularity`` counts them, ``windows``
     windows of ``window`` candidates, window i from candidate ``i * num // den``, in one kernel and one
-    read-back."""
+    read-back (the output kernel counts the same where it runs: :func:`fill_output`)."""
     k = cands.numel()
     block = values.shape[1]
     chunk = sizes()["fill"]
@@ -166,7 +191,13 @@ def group_counts(cands: torch.Tensor, values: torch.Tensor, windows: int, num: i
     out = torch.empty(windows * _STATS + chunks, dtype=torch.int64, device=cands.device)
     launch(_group_counts, (windows + chunks,), cands, values, k, block, windows, num, den, out,
            WINDOW=window, CHUNK=chunk, LANES=min(next_pow2(block), 32), num_warps=sizes()["warps"])
-    host = read_back(out).numpy()
+    return read_counts(out, windows)
+
+
+def read_counts(counts: torch.Tensor, windows: int) -> tuple[int, int, dict[int, int]]:
+    """(union, sample size, {group: entries in the sample}) from the figures of ``windows`` windows and
+    the union's chunks on the device (one read-back)."""
+    host = read_back(counts).numpy()
     rows = host[: windows * _STATS].reshape(windows, _STATS)
     union = int(host[windows * _STATS :].sum())
     held = rows[rows[:, 2] > 0]

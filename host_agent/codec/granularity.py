@@ -54,24 +54,44 @@ def _window_starts(k: int) -> list[int]:
     return [i * (k - _WINDOW) // (_WINDOWS - 1) for i in range(_WINDOWS)]
 
 
-def _counts_triton(cands: torch.Tensor, values: torch.Tensor) -> tuple[int, int, Callable[[int], int]]:
-    """:func:`_counts` by one kernel on the GPU path (``gpu_decode.group_counts``): windows spread as
-    :func:`_window_starts` places them, or all of the candidates, window after window."""
-    from .gpu_decode import group_counts
+def _whole(k: int) -> tuple[int, int, int]:
+    """(windows, num, den): all of ``k`` candidates, window after window (window i starts at
+    ``i * num // den``)."""
+    return -(-k // _WINDOW), _WINDOW, 1
+
+
+def count_windows(k: int) -> tuple[int, int, int, int]:
+    """(windows, num, den, window): the windows the GPU path counts among ``k`` candidates, spread as
+    :func:`_window_starts` places them, or all of the candidates (the output kernel counts them too:
+    ``gpu_decode.fill_output``)."""
+    spread = (_WINDOWS, k - _WINDOW, _WINDOWS - 1) if k > _WINDOWS * _WINDOW else _whole(k)
+    return (*spread, _WINDOW)
+
+
+def _counts_triton(cands: torch.Tensor, values: torch.Tensor, counted: torch.Tensor | None
+                   ) -> tuple[int, int, Callable[[int], int]]:
+    """:func:`_counts` on the GPU path: the figures of :func:`count_windows`' windows, from ``counted``
+    (what the output kernel counted) or by one kernel (``gpu_decode.group_counts``), read back once."""
+    from .gpu_decode import group_counts, read_counts
 
     k = cands.numel()
-    whole = (-(-k // _WINDOW), _WINDOW, 1)  # (windows, and window i starts at i * num // den)
-    spread = (_WINDOWS, k - _WINDOW, _WINDOWS - 1) if k > _WINDOWS * _WINDOW else whole
-    union, size, grouped = group_counts(cands, values, *spread, _WINDOW)
+    if not k:
+        return 0, 0, lambda group: 0
+    windows = count_windows(k)
+    if counted is not None:
+        union, size, grouped = read_counts(counted, windows[0])
+    else:
+        union, size, grouped = group_counts(cands, values, *windows)
     if union and not size:  # the union lies between the windows: count all of it
-        union, size, grouped = group_counts(cands, values, *whole, _WINDOW)
+        union, size, grouped = group_counts(cands, values, *_whole(k), _WINDOW)
     return union, size, grouped.__getitem__
 
 
-def _counts(cands: torch.Tensor, values: torch.Tensor) -> tuple[int, int, Callable[[int], int]]:
+def _counts(cands: torch.Tensor, values: torch.Tensor, counted: torch.Tensor | None
+            ) -> tuple[int, int, Callable[[int], int]]:
     """(union, sample size, entries the sample takes in groups of g): what the choice reads."""
     if gpu.on_path():
-        return _counts_triton(cands, values)
+        return _counts_triton(cands, values, counted)
     counted = values if values.shape[1] == 1 else _nonzero_rows(values)
     union = int(torch.count_nonzero(counted))
     if union == 0:
@@ -80,16 +100,17 @@ def _counts(cands: torch.Tensor, values: torch.Tensor) -> tuple[int, int, Callab
     return union, sample.numel(), lambda group: group_entries(sample, group).numel()
 
 
-def choose_group(n_items: int, cands: torch.Tensor, values: torch.Tensor, bytes_per_candidate: float
-                 ) -> tuple[int, int]:
+def choose_group(n_items: int, cands: torch.Tensor, values: torch.Tensor, bytes_per_candidate: float,
+                 counted: torch.Tensor | None = None) -> tuple[int, int]:
     """(group, expected candidates) for the next round, from this round's sorted candidates ``cands``
-    and their decoded (K, block) ``values`` (a candidate whose sum is zero is not in the union).
+    and their decoded (K, block) ``values`` (a candidate whose sum is zero is not in the union);
+    ``counted``: on the GPU path, the figures the output kernel counted for :func:`count_windows`.
 
     A group that would more than double the candidates never pays (the index is the smaller part of a
     round), so it is not priced. Only the union's size reads every candidate (in one pass, no mask at
     block 1); the groups are counted in the sample.
     """
-    union, size, entries = _counts(cands, values)
+    union, size, entries = _counts(cands, values, counted)
     if union == 0:
         return 1, 0
     best: tuple[float, int, int] | None = None

@@ -148,15 +148,15 @@ def choose_index(
     entries = bitmap.entries
     held = max(1, min(-(-expected_items // group), entries))
     outside = entries - held
-    best: tuple[float, IndexSpec] | None = None
+    best: tuple[float, int, int] | None = None  # (cost, words, k); the spec is made once, for the best
     for tenths, k, rate in _fp_grid():
         words = max(1, math.ceil(held * tenths / 320))
         cost = 4 * words + rate * outside * group * bytes_per_candidate
         if best is None or cost < best[0]:
-            best = (cost, IndexSpec("bloom", n_items, words, k, seed, group))
+            best = (cost, words, k)
     assert best is not None
     if kind == "bloom" or best[0] < 4 * bitmap.words:
-        return best[1]
+        return IndexSpec("bloom", n_items, best[1], best[2], seed, group)
     return bitmap
 
 
@@ -192,12 +192,17 @@ def _bloom_slots(spec: IndexSpec, items: torch.Tensor) -> tuple[torch.Tensor, to
     return word, pattern
 
 
+def bloom_masks(spec: IndexSpec, device: torch.device) -> torch.Tensor | None:
+    """The Bloom filter's k-bit patterns as the GPU kernels take them (None for a bitmap)."""
+    return _patterns(spec.k, device)[0] if spec.kind == "bloom" else None
+
+
 def encode_index(spec: IndexSpec, items: torch.Tensor) -> torch.Tensor:
     """This worker's index words (int32) for its sorted, distinct item numbers."""
     if gpu.on_path():  # one kernel ORs every item's bit or pattern (an entry met twice ORs it again)
         from .gpu_encode import encode_index as encode_index_triton
 
-        masks = _patterns(spec.k, items.device)[0] if spec.kind == "bloom" else None
+        masks = bloom_masks(spec, items.device)
         return encode_index_triton(spec.kind, items, spec.group, spec.words, spec.seed & MASK32, masks)
     entries = group_entries(items, spec.group)
     if spec.kind == "bitmap":

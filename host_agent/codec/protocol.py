@@ -30,7 +30,7 @@ import torch
 from lhc_ina.constants import LANE_BYTES, LANES, Op
 
 from . import gpu
-from .agreement import agreement_words, check_agreement
+from .agreement import check_agreement
 from .granularity import choose_group
 from .hashing import derive_seed
 from .index import IndexSpec, choose_index, encode_index, expected_false_positives, query_index
@@ -52,9 +52,9 @@ from .quantize import (
     scale_for,
     scale_holds,
 )
-from .sketch import SketchSpec, cells_per_candidate, sketch_cells
+from .sketch import SketchSpec, cells_per_candidate, encode_sketch, sketch_cells
 from .state import BucketShape, CodecState
-from .steps import Steps
+from .steps import Lead, Steps
 
 Results = dict[str, torch.Tensor]  # a completed round's reduced words, by message kind
 
@@ -125,11 +125,6 @@ class Rounds(Steps):
         """Check the summed agreement message (cheap: called as soon as it arrives)."""
         self.item_sum = check_agreement(words, self.world)
 
-    def _agree(self, items: int) -> tuple[Op, str, torch.Tensor]:
-        with gpu.on_host():
-            words = agreement_words(self.rank, self.digest, items, torch.device("cpu"))
-        return Op.ADD, "agree", gpu.send(words, self.x.device)
-
     def _header(self, values: torch.Tensor, support_complete: bool = True) -> torch.Tensor:
         field, finite, in_bound = None, True, True
         if self.is_float:
@@ -140,11 +135,11 @@ class Rounds(Steps):
 
     def _header_of(self, field: int | None, finite: bool, in_bound: bool, support_complete: bool = True
                    ) -> torch.Tensor:
+        """This worker's header, on the host (it leaves with the agreement: :meth:`_send_lead`)."""
         self.finite = finite
         with gpu.on_host():
-            words = header_words(field, self.rank, finite=finite, in_bound=in_bound,
-                                 support_complete=support_complete, device=torch.device("cpu"))
-        return gpu.send(words, self.x.device)
+            return header_words(field, self.rank, finite=finite, in_bound=in_bound,
+                                support_complete=support_complete, device=torch.device("cpu"))
 
     def _assumed_field(self) -> int | None:
         if not self.is_float or self.state.exponent is None:
@@ -191,9 +186,17 @@ class Rounds(Steps):
 
     # --- sketch and union --------------------------------------------------------------------------
     def _sparse_start(self) -> Round:
+        expected = self.opts.expected_items
+        if expected is None:
+            expected = self.state.items or None  # an all-zero last round tells nothing about this one
+        self.assumed = self._assumed_field()
+        sizing = expected is None or (self.is_float and self.opts.mode == "sketch" and self.assumed is None)
+        scan = self.triton and self.support is None  # one pass counts the items, finds the header's figures
+        if scan and not sizing:  # the same pass encodes the index and the sketch
+            return self._index_round(expected, None, scan_lead=True)
         with self.clock("encode"):
-            if self.triton and self.support is None:  # one scan finds the items and the header's figures
-                header = self._scan_triton()
+            if scan:
+                lead = self._scan_triton()
             else:
                 if self.support is not None:
                     self.items = support_items(self.support.to(self.x.device), self.block)
@@ -203,15 +206,10 @@ class Rounds(Steps):
                 complete = True
                 if self.support is not None and self.opts.check_support:
                     complete = int(torch.count_nonzero(self.x)) == int(torch.count_nonzero(self.rows))
-                header = self._header(self.rows, complete)
-        agree = self._agree(self.items.numel())
-        expected = self.opts.expected_items
-        if expected is None:
-            expected = self.state.items or None  # an all-zero last round tells nothing about this one
-        self.assumed = self._assumed_field()
-        if expected is None or (self.is_float and self.opts.mode == "sketch" and self.assumed is None):
-            return Round([agree, (Op.OR, "header", header)], self._after_sizing)
-        return self._index_round(expected, [agree], header)
+                lead = Lead(self.items.numel(), self._header(self.rows, complete))
+        if sizing:
+            return Round(self._lead_messages(lead), self._after_sizing)
+        return self._index_round(expected, lead)
 
     def _after_sizing(self, res: Results) -> Round | Outcome:
         """The sizing round: the item counts bound the union, the header fixes the scale."""
@@ -226,13 +224,12 @@ class Rounds(Steps):
                 total = self._output().zero_()
             self.stats.update(index="none", candidates=0, **self._sparse_stats())
             return self._outcome(total, None)
-        return self._index_round(expected, [], None)
+        return self._index_round(expected, None)
 
-    def _index_round(
-        self, expected: int, prefix: list[tuple[Op, str, torch.Tensor]], header: torch.Tensor | None
-    ) -> Round:
-        """Index (with the header when not yet sent) and, in sketch mode, the sketch, sized for
-        ``expected`` items; the dense bucket instead where that would cost no more."""
+    def _index_round(self, expected: int, lead: Lead | None, scan_lead: bool = False) -> Round:
+        """Index (with the header when not yet sent: ``lead``, or made by the encoding pass itself where
+        ``scan_lead``) and, in sketch mode, the sketch, sized for ``expected`` items; the dense bucket
+        instead where that would cost no more."""
         opts, block = self.opts, self.block
         iteration = self.state.iteration
         sketch = opts.mode == "sketch"
@@ -246,25 +243,38 @@ class Rounds(Steps):
         if sketch:
             cells = opts.cells or sketch_cells(candidates, opts.margin, block, LANES, layout)
         payload = cells * block if sketch else candidates * block
-        header_words = 0 if header is None else HEADER_WORDS
+        header_words = 0 if lead is None and not scan_lead else HEADER_WORDS
         # Compared in whole packets, as they go on the wire: for a tiny bucket the index and the values
         # alone may fill two packets where the whole bucket fills one.
         sparse_packets = _packets(header_words + spec.words) + _packets(payload)
         if sparse_packets >= _packets(header_words) + _packets(self.x.numel()):
-            return self._dense_round(prefix, header)
-        self.index = spec
+            if scan_lead:
+                with self.clock("encode"):
+                    lead = self._scan_triton()
+            return self._dense_round(lead)
+        self.index, self.header_in_index = spec, header_words > 0
+        if sketch:
+            self.sketch = SketchSpec(cells, block, derive_seed(opts.seed, iteration, 2), layout)
+            if self.is_float and self.scale is None:
+                self.scale = scale_for(self.assumed, self.world)
         with self.clock("encode"):
-            index_words = encode_index(spec, self.items)
-            if header is not None:
-                index_words = torch.cat([header, index_words])
-                self.header_in_index = True
-            messages = [*prefix, (Op.OR, "index", index_words)]
-            if sketch:
-                self.sketch = SketchSpec(cells, block, derive_seed(opts.seed, iteration, 2), layout)
-                if self.is_float and self.scale is None:
-                    self.scale = scale_for(self.assumed, self.world)
-                messages.append((Op.ADD, "sketch", self._sketch_words(clamp=self.assumed is not None)))
+            messages = self._encode_triton(lead, scan_lead) if self.triton else self._encode(lead)
         return Round(messages, self._after_index)
+
+    def _encode(self, lead: Lead | None) -> list[tuple[Op, str, torch.Tensor]]:
+        """The index round's messages: (agreement,) header and index, (sketch)."""
+        assert self.index is not None
+        index_words = encode_index(self.index, self.items)
+        messages = []
+        if lead is not None:
+            agree, header = self._send_lead(lead)
+            index_words = torch.cat([header, index_words])
+            messages.append(agree)
+        messages.append((Op.OR, "index", index_words))
+        if self.sketch is not None:
+            rows = self._quantize(self.rows, clamp=self.assumed is not None)
+            messages.append((Op.ADD, "sketch", encode_sketch(self.sketch, self.items, rows)))
+        return messages
 
     def _after_index(self, res: Results) -> Round | Outcome:
         words = res["index"]
@@ -311,8 +321,9 @@ class Rounds(Steps):
 
     def _finish_sparse(self) -> Outcome:
         with self.clock("decode", "output"):
+            counted = None  # the GPU path's output kernel counts what the granularity choice reads
             if self.triton:
-                total, rows = self._fill_triton()
+                total, rows, counted = self._fill_triton()
             else:
                 run = self.output_range.candidates(self.cands, self.block)
                 rows = self._dequantize(self.values, self.values[run])
@@ -321,7 +332,7 @@ class Rounds(Steps):
         with self.clock("decode", "granularity"):
             per_candidate = self.sketch.cells / max(1, len(self.cands)) if self.sketch else 1
             cost = LANE_BYTES * self.block * per_candidate
-            group, union = choose_group(self.n_items, self.cands, self.values, cost)
+            group, union = choose_group(self.n_items, self.cands, self.values, cost, counted)
         decoded = self.values if self.peeled else rows
         self.stats.update(self._sparse_stats(), decoded_elements=decoded.numel(), next_group=group)
         return self._outcome(total, union or None, group)  # an empty union tells nothing about the next round
@@ -340,28 +351,27 @@ class Rounds(Steps):
         with self.clock("encode"):
             header = self._header(self.x)
         self.assumed = self._assumed_field()
-        return self._dense_round([self._agree(0)], header)  # dense mode does not count items
+        return self._dense_round(Lead(0, header))  # dense mode does not count items
 
     def _after_dense_header(self, res: Results) -> Round | Outcome:
         if self._parse_header("header"):
             return self._nonfinite_outcome()
         if self.is_float:
             self._settle_scale()
-        return self._dense_round([], None)
+        return self._dense_round(None)
 
-    def _dense_round(self, prefix: list[tuple[Op, str, torch.Tensor]], header: torch.Tensor | None) -> Round:
+    def _dense_round(self, lead: Lead | None) -> Round:
         """The whole bucket, quantized at the agreed scale, or at the assumed one with the header beside;
         floats with neither send the header alone first."""
         self.stats.update(protocol="dense", index="none", candidates=self.x.numel(), residue=0)
         if self.is_float and self.scale is None:
             if self.assumed is None:
-                assert header is not None
-                return Round([*prefix, (Op.OR, "header", header)], self._after_dense_header)
+                assert lead is not None
+                return Round(self._lead_messages(lead), self._after_dense_header)
             self.scale = scale_for(self.assumed, self.world)
         with self.clock("encode"):
             q = self._quantize(self.x, clamp=self.assumed is not None)
-        header_step = [] if header is None else [(Op.OR, "header", header)]
-        messages = [*prefix, *header_step, (Op.ADD, "dense", q)]
+        messages = [*([] if lead is None else self._lead_messages(lead)), (Op.ADD, "dense", q)]
         return Round(messages, self._after_dense)
 
     def _after_dense(self, res: Results) -> Round | Outcome:
@@ -371,7 +381,7 @@ class Rounds(Steps):
             if not scale_holds(self.agreed, self.assumed, self.lag):
                 self.stats["scale_redo"] = True
                 self.assumed, self.scale = None, scale_for(self.agreed, self.world)
-                return self._dense_round([], None)
+                return self._dense_round(None)
         with self.clock("decode", "output"):
             values = self._dequantize(res["dense"], self.output_range.words(res["dense"]))
             total = self._output().copy_(values)

@@ -41,10 +41,10 @@ from host_agent.errors import AggregationError
 # 8 words exponent bitmap, then one word each (a bit per worker): non-finite input, integers beyond the
 # bound, a support that misses a nonzero element
 HEADER_WORDS = 11
-_EXP_WORDS = 8
-_NONFINITE_WORD = 8
-_UNSCALABLE_WORD = 9
-_PARTIAL_SUPPORT_WORD = 10
+EXP_WORDS = 8
+NONFINITE_WORD = 8
+UNSCALABLE_WORD = 9
+PARTIAL_SUPPORT_WORD = 10
 #: binades a scale assumed from the previous round may be coarser than ``headroom`` allows for
 SCALE_SLACK = 2
 MAX_FIELD = 254  # the largest exponent field of a finite float32
@@ -122,7 +122,7 @@ def header_words(
     words = [0] * HEADER_WORDS
     if field is not None:
         words[field // 32] |= 1 << (field % 32)
-    flags = {_NONFINITE_WORD: finite, _UNSCALABLE_WORD: in_bound, _PARTIAL_SUPPORT_WORD: support_complete}
+    flags = {NONFINITE_WORD: finite, UNSCALABLE_WORD: in_bound, PARTIAL_SUPPORT_WORD: support_complete}
     for word, ok in flags.items():
         if not ok:
             words[word] |= 1 << rank
@@ -138,7 +138,7 @@ def nonfinite_ranks(words: torch.Tensor) -> tuple[int, ...]:
     """The workers whose input holds a NaN or inf, from the OR of all headers (not an error: the
     protocol then ends the aggregation on every worker with a non-finite total, as a float allreduce
     would propagate it, so that a mixed-precision loss scaler sees the overflow)."""
-    return _workers(int(words[_NONFINITE_WORD]) & 0xFFFFFFFF)
+    return _workers(int(words[NONFINITE_WORD]) & 0xFFFFFFFF)
 
 
 def parse_header(words: torch.Tensor, world_size: int) -> int | None:
@@ -148,23 +148,23 @@ def parse_header(words: torch.Tensor, world_size: int) -> int | None:
     outside the support they declared (non-finite inputs are no error: :func:`nonfinite_ranks`).
     """
     vals = [w & 0xFFFFFFFF for w in words[:HEADER_WORDS].tolist()]
-    if vals[_UNSCALABLE_WORD]:
-        ranks = _workers(vals[_UNSCALABLE_WORD])
+    if vals[UNSCALABLE_WORD]:
+        ranks = _workers(vals[UNSCALABLE_WORD])
         raise AggregationError(
             f"integer values of worker(s) {list(ranks)} exceed the bound |x| <= {int_bound(world_size)} "
             f"(= (2^31-1) // {world_size} workers): the sum could overflow int32",
             ranks,
             collective=True,
         )
-    if vals[_PARTIAL_SUPPORT_WORD]:
-        ranks = _workers(vals[_PARTIAL_SUPPORT_WORD])
+    if vals[PARTIAL_SUPPORT_WORD]:
+        ranks = _workers(vals[PARTIAL_SUPPORT_WORD])
         raise AggregationError(
             f"the support of worker(s) {list(ranks)} misses nonzero elements of their input: a support must "
             "list every nonzero element (elements outside it would be dropped)",
             ranks,
             collective=True,
         )
-    for word in range(_EXP_WORDS - 1, -1, -1):
+    for word in range(EXP_WORDS - 1, -1, -1):
         if vals[word]:
             return word * 32 + vals[word].bit_length() - 1
     return None

@@ -1,20 +1,92 @@
 """The compute steps of a worker's rounds whose work differs on the GPU path: quantizing and dequantizing,
-the sketch's words, the candidates' values, the scan, the output. On the GPU path each is one or two
-Triton kernels (``gpu_encode``, ``gpu_decode``) that fuse what the torch code does in several passes;
-elsewhere the torch code or the CPU kernels. ``protocol.Rounds`` takes them from here.
+the first round's lead (the agreement and the header), the index round's messages, the candidates'
+values, the scan, the output. On the GPU path each is one or two Triton kernels (``gpu_encode``,
+``gpu_decode``) that fuse what the torch code does in several passes; elsewhere the torch code or the CPU
+kernels. ``protocol.Rounds`` takes them from here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from lhc_ina.constants import Op
+
+from . import gpu
+from .agreement import AGREE_WORDS, agreement_words
+from .granularity import count_windows
+from .hashing import MASK32
+from .index import bloom_masks
 from .items import gather_items
-from .quantize import check_sum_range, dequantize, int_bound, quantize
-from .sketch import encode_sketch
+from .quantize import HEADER_WORDS, check_sum_range, dequantize, int_bound, quantize
+
+Step = tuple[Op, str, torch.Tensor]  # a message: op, kind, words
+
+
+@dataclass
+class Lead:
+    """What an aggregation's first round leads with: the agreement message, which carries this worker's
+    item count, and the header (host words). Both reach the device in one copy."""
+
+    items: int
+    header: torch.Tensor
 
 
 class Steps:
     """Mixed into ``protocol.Rounds``, whose state they read (``x``, ``rows``, ``scale``, ``triton``...)."""
+
+    def _lead_words(self, lead: Lead) -> torch.Tensor:
+        """The agreement's words, then the header's, on the host."""
+        with gpu.on_host():
+            agree = agreement_words(self.rank, self.digest, lead.items, torch.device("cpu"))
+            return torch.cat([agree, lead.header])
+
+    def _send_lead(self, lead: Lead) -> tuple[Step, torch.Tensor]:
+        """The agreement message and the header's words on the device, from one copy."""
+        both = gpu.send(self._lead_words(lead), self.x.device)
+        return (Op.ADD, "agree", both[:AGREE_WORDS]), both[AGREE_WORDS:]
+
+    def _lead_messages(self, lead: Lead) -> list[Step]:
+        """The agreement and the header as messages of their own."""
+        agree, header = self._send_lead(lead)
+        return [agree, (Op.OR, "header", header)]
+
+    def _encode_triton(self, lead: Lead | None, scan_lead: bool) -> list[Step]:
+        """The index round's messages on the GPU path, views of one device buffer: [agreement | header
+        | index | sketch], zeroed by one fill. The index and the sketch are written in place by one pass
+        over the bucket (``gpu_encode.encode_bucket``) or, where the support was given, from its items.
+        Where ``scan_lead``, that pass also finds the lead's figures and one more kernel writes the lead
+        from them (``gpu_encode.encode_lead``): nothing is read back, so the host does not wait (nor
+        learn whether its own input is finite: the aggregated header says so to every worker). A lead
+        made on the host arrives in one copy."""
+        from .gpu_encode import encode_bucket, encode_index, encode_lead, encode_sketch
+
+        spec, sketch = self.index, self.sketch
+        assert spec is not None
+        first = 0 if lead is None and not scan_lead else AGREE_WORDS + HEADER_WORDS
+        end = first + spec.words
+        words = torch.zeros(end + (sketch.words if sketch else 0), dtype=torch.int32, device=self.x.device)
+        masks = bloom_masks(spec, self.x.device)
+        scale, clamp = self.scale if self.is_float else None, self.assumed is not None
+        if self.support is None:
+            stats = encode_bucket(self.x, self.block, spec.kind, spec.group, spec.seed & MASK32, masks,
+                                  words[first:end], sketch, words[end:], scale, clamp)
+            if scan_lead:
+                encode_lead(stats, words[:first], self.rank, self.digest, self.world, self.is_float,
+                            words[end:] if sketch is not None else None)
+        else:
+            encode_index(spec.kind, self.items, spec.group, spec.words, spec.seed & MASK32, masks,
+                         out=words[first:end])
+            if sketch is not None and self.finite:  # else zeros: the header says to discard them
+                encode_sketch(sketch, self.items, self.rows, scale, clamp, out=words[end:])
+        if lead is not None:
+            gpu.send_into(words[:first], self._lead_words(lead))
+        messages: list[Step] = [(Op.ADD, "agree", words[:AGREE_WORDS])] if first else []
+        messages.append((Op.OR, "index", words[AGREE_WORDS if first else 0:end]))
+        if sketch is not None:
+            messages.append((Op.ADD, "sketch", words[end:]))
+        return messages
 
     def _quantize(self, rows: torch.Tensor, clamp: bool = False) -> torch.Tensor:
         if not self.is_float:
@@ -32,26 +104,18 @@ class Steps:
         check_sum_range(summed, self.scale or 0, self.agreed, self.world, self.x.dtype)
         return dequantize(part, self.scale or 0, self.x.dtype)
 
-    def _scan_triton(self) -> torch.Tensor:
-        """This worker's items, rows and header from one scan of its bucket (two kernels)."""
+    def _scan_triton(self) -> Lead:
+        """This worker's item count and header from one pass over its bucket (one kernel, one
+        read-back)."""
         from .gpu_encode import scan_nonzero
 
-        scan = scan_nonzero(self.x, self.block)
-        self.items, self.rows = scan.items, scan.rows
+        return self._lead_of(scan_nonzero(self.x, self.block))
+
+    def _lead_of(self, scan) -> Lead:
+        """The lead of a scan's figures (``gpu_encode.Scan``)."""
         bound = int_bound(self.world)
-        return self._header_of(scan.field, scan.finite, -bound <= scan.lo and scan.hi <= bound)
-
-    def _sketch_words(self, clamp: bool) -> torch.Tensor:
-        """This worker's sketch: its rows quantized and added to their cells (one kernel on the GPU path)."""
-        assert self.sketch is not None
-        if not self.triton:
-            return encode_sketch(self.sketch, self.items, self._quantize(self.rows, clamp=clamp))
-        if not self.finite:  # only beside the header, which tells every worker to discard these words
-            return torch.zeros(self.sketch.words, dtype=torch.int32, device=self.x.device)
-        from .gpu_encode import encode_sketch as encode_sketch_triton
-
-        return encode_sketch_triton(self.sketch, self.items, self.rows, self.scale if self.is_float else None,
-                                    clamp)
+        in_bound = -bound <= scan.lo and scan.hi <= bound
+        return Lead(scan.items, self._header_of(scan.field, scan.finite, in_bound))
 
     def _candidate_values(self, cands: torch.Tensor) -> torch.Tensor:
         """The quantized rows of ``cands`` (gathered and quantized by one kernel on the GPU path)."""
@@ -63,9 +127,10 @@ class Steps:
 
         return gather_quantize(self.x, cands, self.block, self.scale if self.is_float else None)
 
-    def _fill_triton(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The output, written by one kernel that dequantizes too, and the candidates' rows in the range
-        (for the stats: the whole range needs no search for them)."""
+    def _fill_triton(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The output, written by one kernel that dequantizes too and counts what the granularity choice
+        reads (returned on the device), and the candidates' rows in the range (for the stats: the whole
+        range needs no search for them)."""
         from .gpu_decode import fill_output
 
         whole = self.output_range.lo == 0 and self.output_range.hi == self.x.numel()
@@ -75,5 +140,6 @@ class Steps:
             check_sum_range(self.values, self.scale or 0, self.agreed, self.world, self.x.dtype)
             scale = self.scale or 0
         total = self._output()
-        fill_output(total, self.output_range.lo, self.cands, self.values, self.block, scale)
-        return total, rows
+        counted = fill_output(total, self.output_range.lo, self.cands, self.values, self.block, scale,
+                              count_windows(self.cands.numel()))
+        return total, rows, counted

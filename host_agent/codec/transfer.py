@@ -34,3 +34,11 @@ def to_device(words: torch.Tensor, device: torch.device) -> torch.Tensor:
     if words.device.type == "cpu" and not words.is_pinned():
         words = words.pin_memory()
     return words.to(device, non_blocking=True)
+
+
+def to_device_into(target: torch.Tensor, words: torch.Tensor) -> None:
+    """Host ``words`` copied into ``target`` (a view on its device), through a pinned buffer, without
+    waiting, on the current stream."""
+    if target.device.type == "cuda" and not words.is_pinned():
+        words = words.pin_memory()
+    target.copy_(words, non_blocking=target.device.type == "cuda")
