@@ -68,6 +68,13 @@ def assert_fsdp_within_the_bound(plain: list[dict], ours: list[dict], steps: int
             assert error <= bound + 2.0**-24 * float(param.abs().max()), (name, error, bound)
 
 
+def job_env(stack, prefix: str) -> dict[str, str]:
+    """A fresh job of WORLD workers on the stack's controller, as the ranks' environment names it."""
+    job = f"{prefix}-{next(_JOBS)}"
+    stack.client.create_job(job, workers=WORLD)
+    return {"LHC_CONTROLLER": stack.listen, "LHC_JOB": job}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("through_switch", [False, True], ids=["process-group", "softswitch"])
 def test_fsdp_trains_through_lhc_within_the_bound(tmp_path: Path, through_switch: bool, stack,
@@ -75,11 +82,7 @@ def test_fsdp_trains_through_lhc_within_the_bound(tmp_path: Path, through_switch
     """fully_shard on CPU over Gloo: FSDP's reduce_scatter (AVG) goes through lhc, its all_gather to
     Gloo; every rank holds the same parameters, plain FSDP's within the bound."""
     steps = 5  # plain_fsdp's
-    env = {}
-    if through_switch:
-        job = f"fsdp-{next(_JOBS)}"
-        stack.client.create_job(job, workers=WORLD)
-        env = {"LHC_CONTROLLER": stack.listen, "LHC_JOB": job}
+    env = job_env(stack, "fsdp") if through_switch else {}
     ours = run_ranks(FSDP_SCRIPT, tmp_path, "lhc", "--backend", "lhc", "--steps", str(steps), env=env)
     # one reduce_scatter per step for each unit that holds parameters (the 2 Linears; the root holds none)
     assert all(run["lhc"] == {"reduce_scatter": 2 * steps} for run in ours), [run["lhc"] for run in ours]
@@ -131,11 +134,7 @@ def test_fsdp_trains_through_lhc_on_cuda(tmp_path: Path, through_switch: bool, s
     through lhc, whose codec runs the GPU path (Triton) on them; both ranks hold the same parameters, plain
     FSDP's on the same GPU within the bound."""
     steps = 3  # plain_fsdp_cuda's
-    env = {}
-    if through_switch:
-        job = f"fsdp-cuda-{next(_JOBS)}"
-        stack.client.create_job(job, workers=WORLD)
-        env = {"LHC_CONTROLLER": stack.listen, "LHC_JOB": job}
+    env = job_env(stack, "fsdp-cuda") if through_switch else {}
     ours = run_ranks(FSDP_SCRIPT, tmp_path, "lhc", "--backend", "lhc", "--steps", str(steps), *ON_ONE_GPU,
                      env=env)
     assert all(run["lhc"] == {"reduce_scatter": 2 * steps} for run in ours), [run["lhc"] for run in ours]
