@@ -4,6 +4,7 @@ test modules share (a module may define its own fixture of the same name)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from collections.abc import Iterator
@@ -93,6 +94,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = item.get_closest_marker("xdist_group").args[0]
         slow[group] = slow.get(group, 0) + (item.get_closest_marker("slow") is not None)
     items.sort(key=lambda item: -slow[item.get_closest_marker("xdist_group").args[0]])
+
+
+#: The host network's lock: held by each of its tests, so they run one at a time even where the scheduler
+#: spread their group over workers (seen in a clean-clone run: two Mininet runs at once, both binding the
+#: controller's address 10.0.0.254:9560 and each finding the other's interfaces).
+HOST_NETWORK_LOCK = Path(__file__).resolve().parent / "build" / "host-network.lock"
+
+
+@pytest.fixture(autouse=True)
+def _one_host_network_test_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    if not any(request.node.get_closest_marker(name) for name in HOST_NETWORK):
+        yield
+        return
+    HOST_NETWORK_LOCK.parent.mkdir(exist_ok=True)
+    with HOST_NETWORK_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(params=["softswitch", pytest.param("bmv2", marks=pytest.mark.bmv2)])

@@ -95,3 +95,14 @@ def test_every_test_has_a_parallel_group_keeping_modules_and_the_host_network_to
     groups = {item.name: item.get_closest_marker("xdist_group").args[0] for item in items}
     assert groups == {"test_plain": "test_alpha.py", "test_veths": "host-network", "test_named": "own",
                       "test_emulation": "host-network"}
+
+
+@pytest.mark.root
+def test_a_host_network_test_holds_the_host_network_lock() -> None:
+    """While one host-network test runs, another (on any worker) waits for it: the lock is taken."""
+    import fcntl
+
+    from conftest import HOST_NETWORK_LOCK
+
+    with HOST_NETWORK_LOCK.open("a") as other, pytest.raises(BlockingIOError):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
