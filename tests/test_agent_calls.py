@@ -79,6 +79,7 @@ PROCESS_GROUP_MEMBER = textwrap.dedent("""
     except AggregationError as error:
         print("AggregationError", error.ranks, error)
     agent.close()
+    dist.destroy_process_group()  # else Gloo's threads may abort the exit ("terminate called ...")
 """)
 
 

@@ -137,7 +137,8 @@ def test_a_captured_job_reads_back_field_by_field(pipeline: str, tmp_path: Path)
               "in CONTROL/ADD", "in RESULT/OR", "in unknown type", "in truncated header", "in short payload",
               "in reserved flags", "empty"}
     assert wanted <= set(seen), seen
-    assert seen["out RESULT_RETX/ADD"] == 1
+    # The one asked for by hand; the agents' own job may add more when a slow machine fires their timers.
+    assert seen["out RESULT_RETX/ADD"] >= 1
     # The W preference: 2-worker results, read as W = 3, lack rank 2 (check_lhc knows the rule).
     for frame, layer in zip(frames, run_tshark(capture, "-o", "lhc.workers:3"), strict=True):
         datagram = _udp(frame)[2]
