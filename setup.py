@@ -50,8 +50,8 @@ setup(
         ),
         Extension(
             "lhc_ina._udp",
-            ["lhc_ina/_udp.c", UDP_BATCH],
-            depends=[UDP_BATCH_H],
+            ["lhc_ina/_udp.c", "lhc_ina/udp_receive.c", UDP_BATCH],
+            depends=["lhc_ina/udp_receive.h", UDP_BATCH_H],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,
         ),

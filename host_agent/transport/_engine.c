@@ -25,16 +25,11 @@
 #include <Python.h>
 
 #include <arpa/inet.h>
-#include <errno.h>
-#include <math.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "engine.h"
 
@@ -229,18 +224,6 @@ static PyObject *socket_error(PacketEngine *e)
     return NULL;
 }
 
-/* POLLERR: take the socket's pending error; one that concerned a datagram (ICMP unreachable) is a loss the
- * timers recover, any other makes the socket unusable. */
-static void pending_error(PacketEngine *e)
-{
-    int error = 0;
-    socklen_t size = sizeof(error);
-    if (getsockopt(e->fd, SOL_SOCKET, SO_ERROR, &error, &size) < 0)
-        error = errno;
-    if (error && !udp_error_is_drop(error))
-        e->error = error;
-}
-
 /*
  * One turn of the stream's I/O loop: take the results already waiting (a process that was off the CPU
  * must not fire timers for packets whose results sit unread in its socket), decide and send what is due,
@@ -275,23 +258,8 @@ static PyObject *PacketEngine_pump(PacketEngine *e, PyObject *args)
         wait = 0;  /* a segment is done: hand it up before sleeping */
     else if (wakeup >= 0 && wakeup - now < wait)
         wait = wakeup - now > 0 ? wakeup - now : 0;
-    struct pollfd fds[2] = {{.fd = e->fd, .events = POLLIN}, {.fd = wake_fd, .events = POLLIN}};
-    int ready;
-    Py_BEGIN_ALLOW_THREADS
-    ready = poll(fds, 2, (int)ceil(wait * 1000.0));
-    if (ready > 0 && (fds[1].revents & POLLIN)) {
-        char sink[256];
-        while (read(wake_fd, sink, sizeof(sink)) > 0) {
-        }
-    }
-    Py_END_ALLOW_THREADS
-    if (ready < 0 && errno != EINTR)
-        e->error = errno;
-    else if (ready > 0 && (fds[0].revents & POLLNVAL))
-        e->error = EBADF; /* the descriptor was closed under the engine */
-    else if (ready > 0 && (fds[0].revents & POLLERR))
-        pending_error(e);
-    if (!e->error && ready > 0 && (fds[0].revents & POLLIN)) {
+    int readable = wait_for_io(e, wake_fd, wait);
+    if (readable) {
         drain(e);
         core_decide(&e->core, monotonic_now(), 1);
         send_out(e);

@@ -50,5 +50,8 @@ void send_out(PacketEngine *e);
 /* Take what waits in the socket, a recvmmsg batch at a time, sending new packets after each batch; stops
  * with e->error set when the socket is unusable. */
 void drain(PacketEngine *e);
+/* Sleep until a result, a wake-up on wake_fd or `wait` s; 1 when results wait in the socket. A socket error
+ * that concerned one datagram is a loss, any other sets e->error. */
+int wait_for_io(PacketEngine *e, int wake_fd, double wait);
 
 #endif

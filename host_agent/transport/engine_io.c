@@ -6,7 +6,11 @@
  */
 #include "engine.h"
 
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
 #include <time.h>
+#include <unistd.h>
 
 static double uniform(PacketEngine *e)  /* splitmix64 -> [0, 1): the impairment's draws */
 {
@@ -111,3 +115,37 @@ void drain(PacketEngine *e)
     }
 }
 
+
+/* POLLERR: take the socket's pending error; one that concerned a datagram (ICMP unreachable) is a loss the
+ * timers recover, any other makes the socket unusable. */
+static void pending_error(PacketEngine *e)
+{
+    int error = 0;
+    socklen_t size = sizeof(error);
+    if (getsockopt(e->fd, SOL_SOCKET, SO_ERROR, &error, &size) < 0)
+        error = errno;
+    if (error && !udp_error_is_drop(error))
+        e->error = error;
+}
+
+/* Twin of the select in engine_io.py's ChannelEngine.pump: sleep until a result, a wake-up on wake_fd (emptied here) or `wait` s. */
+int wait_for_io(PacketEngine *e, int wake_fd, double wait)
+{
+    struct pollfd fds[2] = {{.fd = e->fd, .events = POLLIN}, {.fd = wake_fd, .events = POLLIN}};
+    int ready;
+    Py_BEGIN_ALLOW_THREADS
+    ready = poll(fds, 2, (int)ceil(wait * 1000.0));
+    if (ready > 0 && (fds[1].revents & POLLIN)) {
+        char sink[256];
+        while (read(wake_fd, sink, sizeof(sink)) > 0) {
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (ready < 0 && errno != EINTR)
+        e->error = errno;
+    else if (ready > 0 && (fds[0].revents & POLLNVAL))
+        e->error = EBADF; /* the descriptor was closed under the engine */
+    else if (ready > 0 && (fds[0].revents & POLLERR))
+        pending_error(e);
+    return !e->error && ready > 0 && (fds[0].revents & POLLIN);
+}
