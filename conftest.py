@@ -97,8 +97,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: The host network's lock: held by each of its tests, so they run one at a time even where the scheduler
-#: spread their group over workers (seen in a clean-clone run: two Mininet runs at once, both binding the
-#: controller's address 10.0.0.254:9560 and each finding the other's interfaces).
+#: spreads their group over workers. It did with pytest 9.2 (pytest-dev/pytest-xdist#1386, hence the pin
+#: below 9.2): two Mininet runs at once, both binding the controller's address 10.0.0.254:9560 and each
+#: finding the other's interfaces.
 HOST_NETWORK_LOCK = Path(__file__).resolve().parent / "build" / "host-network.lock"
 
 

@@ -97,6 +97,24 @@ def test_every_test_has_a_parallel_group_keeping_modules_and_the_host_network_to
                       "test_emulation": "host-network"}
 
 
+def test_a_parallel_run_keeps_each_group_on_one_worker(pytester: pytest.Pytester) -> None:
+    """The groups hold in a real two-worker run, as `make test` runs it. (They silently did not with
+    pytest 9.2 and xdist 3.8: every test was scheduled alone, and the host-network tests waited on each
+    other's lock across workers.)"""
+    pytester.makeconftest((REPO_ROOT / "conftest.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    root: root\n    mininet: mininet\n    slow: slow\n")
+    module = "import pytest\n\n@pytest.mark.parametrize('i', range(8))\ndef test_one(i):\n    pass\n"
+    pytester.makepyfile(test_alpha=module, test_beta=module)
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=16)
+    workers: dict[str, set[str]] = {"test_alpha.py": set(), "test_beta.py": set()}
+    for line in result.outlines:
+        if "PASSED" in line and line.startswith("[gw"):
+            worker, test = line.split()[0], line.split()[-1]
+            workers[test.split("::")[0]].add(worker)
+    assert all(len(found) == 1 for found in workers.values()), workers
+
+
 @pytest.mark.root
 def test_a_host_network_test_holds_the_host_network_lock() -> None:
     """While one host-network test runs, another (on any worker) waits for it: the lock is taken."""
