@@ -37,6 +37,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from benchmarks import figures
 from benchmarks.aggregate_gloo import worst
 
 MODES = ("dense", "sketch", "union", "auto")
@@ -251,11 +252,9 @@ def _summarize(args: argparse.Namespace, density: float, rows: list[dict], loss:
 
 def _plot(results: list[dict], path: Path) -> None:
     """Speedup against density, over dense through the switch (left) and over Gloo (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plt = figures.pyplot()
 
     colors = {mode: f"C{i}" for i, mode in enumerate([*MODES, "gloo"])}  # a mode's color in both panels
     figure, panels = plt.subplots(1, 2, figsize=(11, 4))
@@ -271,12 +270,7 @@ def _plot(results: list[dict], path: Path) -> None:
                  title=f"over {baseline}, W={results[0]['workers']}, {results[0]['length']:,} elements")
         axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         axes.yaxis.set_minor_formatter(NullFormatter())
-        axes.legend()
-        axes.grid(alpha=0.3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    figures.save(figure, path, legends=panels)
 
 
 def run(args: argparse.Namespace) -> int:

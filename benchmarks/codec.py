@@ -34,6 +34,7 @@ import time
 
 import torch
 
+from benchmarks import figures
 from benchmarks.codec_launches import counted_launches, interpreter_for, profiled_launches
 from benchmarks.codec_peeling import peel_trials
 
@@ -303,11 +304,7 @@ def _device_line(case: dict) -> str:
 
 
 def _plot(cases: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = figures.pyplot()
     labels = [f"{c['mode']}\n{c['density'] * 100:g}% b{c['block']}\n{c['kernels']}" for c in cases]
     fig, axes = plt.subplots(1, 3, figsize=(max(9, 1.1 * len(cases) * 3 / 2), 4))
     for ax, key, title in zip(
@@ -322,8 +319,7 @@ def _plot(cases: list[dict], path: str) -> None:
         ax.set_title(title)
         ax.set_yscale("log" if key != "bytes_info" else "linear")
     fig.suptitle(f"lhc codec, n={cases[0]['length']}, {cases[0]['workers']} workers, {cases[0]['device']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    figures.save(fig, path, dpi=120)
 
 
 def _other_kernels(argv: list[str], kernels: str) -> list[dict]:

@@ -10,6 +10,8 @@ import json
 import statistics
 from pathlib import Path
 
+from benchmarks import figures
+
 #: One color per run in every panel.
 COLORS = {"ddp": "tab:blue", "dense": "tab:orange", "lhc": "tab:green"}
 #: A run's first steps include connection set-up and the codec's first-round size estimates.
@@ -72,11 +74,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
 
 def plot(runs: dict[str, list[dict]], path: Path) -> None:
     """Loss curves, held-out AUC, bytes per step and step times of the three runs, in one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = figures.pyplot()
     figure, ((losses, auc), (wire, times)) = plt.subplots(2, 2, figsize=(12, 8))
     for name, ranks in runs.items():
         color = COLORS.get(name)
@@ -92,13 +90,7 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
     auc.set(title="held-out ROC AUC", xlabel="steps done", ylabel="AUC")
     wire.set(title="bytes on the wire per worker and step", xlabel="step", ylabel="MB")
     times.set(title="step time (slowest worker)", xlabel="step", ylabel="seconds")
-    for axes in (losses, auc, wire, times):
-        axes.legend()
-        axes.grid(alpha=0.3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    figures.save(figure, path, legends=(losses, auc, wire, times))
 
 
 def main(argv: list[str] | None = None) -> int:

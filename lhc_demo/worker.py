@@ -145,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         result = train(args)
+        # Every rank done before any tears the group down: rank 0 also serves the rendezvous store, and
+        # once (a clean-clone `make test`) it aborted at the end of the plain DDP run with "terminate
+        # called without an active exception", the other rank still leaving.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     args.json_out.write_text(json.dumps(result))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from google.protobuf import text_format
 from p4.config.v1 import p4info_pb2
@@ -22,6 +23,17 @@ class P4InfoError(KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; this one reads as a sentence.
         return str(self.args[0])
+
+
+_Entry = TypeVar("_Entry", "Param", "MatchField")
+
+
+def _named(entries: tuple[_Entry, ...], name: str, missing: str) -> _Entry:
+    """The entry of ``entries`` called ``name``; P4InfoError(``missing``) where there is none."""
+    found = next((entry for entry in entries if entry.name == name), None)
+    if found is None:
+        raise P4InfoError(missing)
+    return found
 
 
 @dataclass(frozen=True)
@@ -46,10 +58,7 @@ class Action:
     params: tuple[Param, ...]
 
     def param(self, name: str) -> Param:
-        for param in self.params:
-            if param.name == name:
-                return param
-        raise P4InfoError(f"action {self.name} has no parameter {name!r}")
+        return _named(self.params, name, f"action {self.name} has no parameter {name!r}")
 
 
 @dataclass(frozen=True)
@@ -63,10 +72,7 @@ class Table:
     size: int
 
     def match_field(self, name: str) -> MatchField:
-        for field in self.match_fields:
-            if field.name == name:
-                return field
-        raise P4InfoError(f"table {self.name} has no match field {name!r}")
+        return _named(self.match_fields, name, f"table {self.name} has no match field {name!r}")
 
 
 @dataclass(frozen=True)

@@ -134,17 +134,7 @@ def result_copy(
 ) -> Packet:
     """The multicast RESULT copy for worker ``to`` when the packet with header ``sent`` finished the slot:
     the source becomes the switch address the worker used; the replica entry sets the destination."""
-    header = sent.replace(msg_type=c.MsgType.RESULT, bitmap=bitmap)
-    return lhc_frame(
-        header,
-        words,
-        eth_src=SWITCH_MAC,
-        eth_dst=to.mac,
-        ip_src=switch_ip,
-        ip_dst=to.ip,
-        sport=dport,
-        dport=to.udp_port,
-    )
+    return _from_switch(sent.replace(msg_type=c.MsgType.RESULT, bitmap=bitmap), words, to, switch_ip, dport)
 
 
 def retx_reply(
@@ -152,15 +142,14 @@ def retx_reply(
 ) -> Packet:
     """The unicast RESULT_RETX answering ``asker``'s duplicate: addresses and ports swapped."""
     header = sent.replace(msg_type=c.MsgType.RESULT_RETX, bitmap=bitmap)
+    return _from_switch(header, words, asker, SWITCH_IP, dport)
+
+
+def _from_switch(header: LhcHeader, words: Sequence[int], to: Worker, switch_ip: str, sport: int) -> Packet:
+    """A frame the switch sends to worker ``to``, from its own MAC and the address ``switch_ip``."""
     return lhc_frame(
-        header,
-        words,
-        eth_src=SWITCH_MAC,
-        eth_dst=asker.mac,
-        ip_src=SWITCH_IP,
-        ip_dst=asker.ip,
-        sport=dport,
-        dport=asker.udp_port,
+        header, words, eth_src=SWITCH_MAC, eth_dst=to.mac, ip_src=switch_ip, ip_dst=to.ip, sport=sport,
+        dport=to.udp_port,
     )
 
 

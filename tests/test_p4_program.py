@@ -83,6 +83,7 @@ class P4Table:
 
 @dataclass
 class P4Program:
+    text: str  # the preprocessed source
     headers: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     structs: dict[str, dict[str, str]] = field(default_factory=dict)
     actions: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # qualified name -> params
@@ -101,7 +102,7 @@ class P4Program:
 
 
 def parse_program(text: str) -> P4Program:
-    prog = P4Program()
+    prog = P4Program(text)
     for m in re.finditer(r"\bheader\s+(\w+)\s*\{", text):
         body = _block(text, m.end() - 1)
         prog.headers[m.group(1)] = [(n, int(w)) for w, n in re.findall(r"bit<(\d+)>\s+(\w+)\s*;", body)]
@@ -150,13 +151,8 @@ def parse_program(text: str) -> P4Program:
 
 
 @pytest.fixture(scope="module")
-def v1model_text(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return preprocess(V1MODEL_P4, tmp_path_factory.mktemp("cpp"))
-
-
-@pytest.fixture(scope="module")
-def v1model(v1model_text: str) -> P4Program:
-    return parse_program(v1model_text)
+def v1model(tmp_path_factory: pytest.TempPathFactory) -> P4Program:
+    return parse_program(preprocess(V1MODEL_P4, tmp_path_factory.mktemp("cpp")))
 
 
 @pytest.fixture(scope="module")
@@ -290,8 +286,8 @@ def _lane_statements(text: str) -> dict[str, list[int]]:
     return out
 
 
-def test_every_lane_gets_its_aggregation_code(v1model_text: str) -> None:
-    ingress = re.sub(r"\s+", " ", parse_program(v1model_text).controls["LhcIngress"])
+def test_every_lane_gets_its_aggregation_code(v1model: P4Program) -> None:
+    ingress = re.sub(r"\s+", " ", v1model.controls["LhcIngress"])
     lanes = _lane_statements(ingress)
     everyone = list(range(c.LANES))
     assert lanes["add"] == everyone
@@ -301,8 +297,8 @@ def test_every_lane_gets_its_aggregation_code(v1model_text: str) -> None:
     assert sorted(lanes["first"]) == sorted(everyone * 3)
 
 
-def test_no_for_loops_in_controls(v1model_text: str) -> None:
-    for name, body in parse_program(v1model_text).controls.items():
+def test_no_for_loops_in_controls(v1model: P4Program) -> None:
+    for name, body in v1model.controls.items():
         assert not re.search(r"\bfor\s*\(", body), f"{name} has a for loop: p4c's bmv2 backend keeps one pass"
 
 
@@ -322,8 +318,8 @@ def test_stateful_work_is_atomic(v1model: P4Program) -> None:
     assert "@atomic" not in v1model.controls["LhcEgress"]
 
 
-def test_every_stat_is_used(v1model_text: str) -> None:
-    ingress = parse_program(v1model_text).controls["LhcIngress"]
+def test_every_stat_is_used(v1model: P4Program) -> None:
+    ingress = v1model.controls["LhcIngress"]
     for stat in c.Stat:  # the preprocessor has replaced each code by its typed literal
         assert re.search(rf"\bstat = 32w{stat.value};", ingress), stat.name
 
@@ -402,13 +398,8 @@ TNA_UPDATE_ENTRIES = [
 
 
 @pytest.fixture(scope="module")
-def tna_text(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return preprocess(TNA_P4, tmp_path_factory.mktemp("cpp_tna"))
-
-
-@pytest.fixture(scope="module")
-def tna(tna_text: str) -> P4Program:
-    return parse_program(tna_text)
+def tna(tmp_path_factory: pytest.TempPathFactory) -> P4Program:
+    return parse_program(preprocess(TNA_P4, tmp_path_factory.mktemp("cpp_tna")))
 
 
 def _register_actions(body: str) -> dict[str, tuple[str, str]]:
@@ -536,7 +527,8 @@ def test_tna_register_outputs_are_what_they_mean(tna: P4Program) -> None:
                 writes.append((m.group(1), here))
 
 
-def test_tna_parser_initializes_all_metadata(tna_text: str) -> None:
+def test_tna_parser_initializes_all_metadata(tna: P4Program) -> None:
+    tna_text = tna.text
     """Every metadata field is set in the start state (else p4c warns that `meta` may be uninitialized,
     and Tofino does not clear metadata)."""
     struct = _block(tna_text, re.search(r"\bstruct\s+lhc_ig_metadata_t\s*\{", tna_text).end() - 1)
@@ -554,7 +546,8 @@ def test_tna_only_results_reach_egress(tna: P4Program) -> None:
             assert re.search(r"ig_tm_md\.bypass_egress = 1;", body), name
 
 
-def test_tna_later_passes_still_parse_as_lhc(tna: P4Program, tna_text: str) -> None:
+def test_tna_later_passes_still_parse_as_lhc(tna: P4Program) -> None:
+    tna_text = tna.text
     """A recirculated packet is parsed as a whole lhc frame, and no first-pass action moves it off the lhc
     UDP port: only the last pass of a retransmission swaps the ports (an earlier swap once left the later
     passes without hdr.lhc, and the answer carried the asker's own payload, uncounted)."""

@@ -52,6 +52,17 @@ def _update_error(error: grpc.RpcError) -> tuple[int, str]:
     return p4_error.canonical_code, p4_error.message
 
 
+def _read_and_write_refused(
+    stub, entity: p4v1.Entity, update_type: int
+) -> tuple[tuple[grpc.StatusCode, str], tuple[int, str]]:
+    """A Read of ``entity`` and a Write of it, both refused: (gRPC code, details) of the read, (canonical
+    code, message) of the write's one update."""
+    code, details, _ = _code(lambda: list(stub.Read(p4v1.ReadRequest(device_id=DEVICE, entities=[entity]))))
+    update = p4v1.Update(type=update_type, entity=entity)
+    _, _, error = _code(lambda: stub.Write(p4v1.WriteRequest(device_id=DEVICE, updates=[update])))
+    return (code, details), _update_error(error)
+
+
 def test_commit_without_a_saved_config_is_not_found(stub):
     code, details, _ = _code(lambda: _push(stub, _SET.COMMIT, None))
     assert code == grpc.StatusCode.NOT_FOUND and "VERIFY_AND_SAVE" in details  # PI: FAILED_PRECONDITION
@@ -86,21 +97,15 @@ def test_direct_counter_of_a_table_without_one_is_invalid_argument(stub):
     _push(stub, _SET.VERIFY_AND_COMMIT)
     entity = p4v1.Entity()
     entity.direct_counter_entry.table_entry.table_id = INDEX.table("LhcIngress.jobs").id
-    code, details, _ = _code(lambda: list(stub.Read(p4v1.ReadRequest(device_id=DEVICE, entities=[entity]))))
+    (code, details), (update_code, message) = _read_and_write_refused(stub, entity, p4v1.Update.MODIFY)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "LhcIngress.jobs has no direct counter" in details
-    update = p4v1.Update(type=p4v1.Update.MODIFY, entity=entity)
-    _, _, error = _code(lambda: stub.Write(p4v1.WriteRequest(device_id=DEVICE, updates=[update])))
-    code, message = _update_error(error)
-    assert code == code_pb2.INVALID_ARGUMENT and "has no direct counter" in message
+    assert update_code == code_pb2.INVALID_ARGUMENT and "has no direct counter" in message
 
 
 def test_clone_sessions_are_refused_by_name(stub):
     _push(stub, _SET.VERIFY_AND_COMMIT)
     entity = p4v1.Entity()
     entity.packet_replication_engine_entry.clone_session_entry.session_id = 5
-    code, details, _ = _code(lambda: list(stub.Read(p4v1.ReadRequest(device_id=DEVICE, entities=[entity]))))
+    (code, details), (update_code, message) = _read_and_write_refused(stub, entity, p4v1.Update.INSERT)
     assert code == grpc.StatusCode.UNIMPLEMENTED and "clone sessions" in details
-    update = p4v1.Update(type=p4v1.Update.INSERT, entity=entity)
-    _, _, error = _code(lambda: stub.Write(p4v1.WriteRequest(device_id=DEVICE, updates=[update])))
-    code, message = _update_error(error)
-    assert code == code_pb2.UNIMPLEMENTED and "clone_session_entry" in message
+    assert update_code == code_pb2.UNIMPLEMENTED and "clone_session_entry" in message
