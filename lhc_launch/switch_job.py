@@ -17,8 +17,8 @@ from p4.v1 import p4runtime_pb2 as p4v1
 from lhc_ina import constants as c
 from lhc_ina.jobs import JobLayout, WorkerEndpoint, job_entries
 from lhc_ina.p4info import P4InfoIndex
+from lhc_ina.p4rt.values import canonical
 from lhc_ina.wire import LhcHeader, build_frame, pack_packet
-from softswitch.entity_store import canonical
 
 SWITCH_MAC = "02:00:00:00:00:fe"
 SWITCH_IP = "10.0.0.254"

@@ -25,9 +25,9 @@ from google.rpc import code_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2 as p4v1
 
-from softswitch.errors import SwitchError, invalid
+from softswitch import entity_reads
+from softswitch.errors import NO_CLONE_SESSIONS, SwitchError, invalid
 from softswitch.pipeline import Pipeline
-from softswitch.pre import FIRST_RESERVED_GROUP
 from softswitch.tables import ActionCall, EntryExtras, ExactTable, LpmTable, pack_key
 
 _EXACT = p4info_pb2.MatchField.EXACT
@@ -35,11 +35,6 @@ _LPM = p4info_pb2.MatchField.LPM
 _TABLE_ONLY = p4info_pb2.ActionRef.TABLE_ONLY
 _DEFAULT_ONLY = p4info_pb2.ActionRef.DEFAULT_ONLY
 _Update = p4v1.Update
-
-
-def canonical(value: int) -> bytes:
-    """P4Runtime's canonical byte string: big-endian, no leading zero bytes, zero as one byte."""
-    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
 
 
 def _fit(data: bytes, bits: int, what: str) -> int:
@@ -51,17 +46,12 @@ def _fit(data: bytes, bits: int, what: str) -> int:
     return value
 
 
-#: Clone sessions are a PRE entity v1model programs may use; the lhc program clones nothing.
-_NO_CLONE_SESSIONS = ("clone sessions (PacketReplicationEngineEntry.clone_session_entry) are not served by "
-                      "softswitch: the lhc program clones no packets")
-
-
 def _invalid_id(kind: str, entity_id: int) -> SwitchError:
     return invalid(f"invalid P4 id {entity_id:#x}: the P4Info has no {kind} with that id")
 
 
 @dataclass
-class _TableInfo:
+class TableInfo:
     table: ExactTable | LpmTable
     proto: p4info_pb2.Table
     scopes: dict[int, int]  # action id -> ActionRef scope
@@ -72,7 +62,8 @@ class _TableInfo:
 
 
 class Entities:
-    """Reads and writes P4Runtime entities against one pipeline, with the ids of one P4Info.
+    """Reads and writes P4Runtime entities against one pipeline, with the ids of one P4Info (the reads
+    render in ``entity_reads.py``).
 
     The pipeline's group replicas are tuples; the proto of each group is kept as written so reads give
     back the replica port in the form the client used (``egress_port`` or ``port``), as PI does.
@@ -82,13 +73,13 @@ class Entities:
         self.pipeline = pipeline
         self.p4info = p4info
         self.tables = {
-            t.preamble.id: _TableInfo(
+            t.preamble.id: TableInfo(
                 pipeline.tables[t.preamble.name], t, {ref.id: ref.scope for ref in t.action_refs}
             )
             for t in p4info.tables
         }
         self.actions = {a.preamble.id: a for a in p4info.actions}
-        self._action_ids = {a.preamble.name: a.preamble.id for a in p4info.actions}
+        self.action_ids = {a.preamble.name: a.preamble.id for a in p4info.actions}
         self.counters = {c.preamble.id: c for c in p4info.counters}
         self.registers = {r.preamble.id for r in p4info.registers}
         self.groups: dict[int, p4v1.MulticastGroupEntry] = {}
@@ -110,29 +101,29 @@ class Entities:
         elif kind == "register_entry":
             raise SwitchError(code_pb2.UNIMPLEMENTED, "Register writes are not supported yet")
         elif kind == "direct_counter_entry":
-            self._no_direct_counter(entity.direct_counter_entry)
+            self.no_direct_counter(entity.direct_counter_entry)
         elif kind is None:
             raise SwitchError(code_pb2.UNKNOWN, "Incorrect entity type: the update names no entity")
         else:
             raise SwitchError(code_pb2.UNIMPLEMENTED, f"softswitch does not implement {kind} writes")
 
-    def _no_direct_counter(self, entry: p4v1.DirectCounterEntry) -> None:
+    def no_direct_counter(self, entry: p4v1.DirectCounterEntry) -> None:
         """The spec: a direct counter entry of a table without a direct counter is INVALID_ARGUMENT. No
         table of this program has one, so every such read or write is refused, naming the table."""
         table_id = entry.table_entry.table_id
         if table_id == 0:
             raise invalid("direct counter entry without a table id (no table of this program has a direct "
                           "counter)")
-        raise invalid(f"table {self._table_info(table_id).name} has no direct counter")
+        raise invalid(f"table {self.table_info(table_id).name} has no direct counter")
 
-    def _table_info(self, table_id: int) -> _TableInfo:
+    def table_info(self, table_id: int) -> TableInfo:
         info = self.tables.get(table_id)
         if info is None:
             raise _invalid_id("table", table_id)
         return info
 
     def _table_write(self, update_type: int, entry: p4v1.TableEntry) -> None:
-        info = self._table_info(entry.table_id)
+        info = self.table_info(entry.table_id)
         if entry.HasField("time_since_last_hit"):
             raise invalid("time_since_last_hit must not be set in a WriteRequest")
         if update_type == _Update.UNSPECIFIED:
@@ -143,7 +134,7 @@ class Entities:
             raise invalid(f"{info.name}: cannot use {_Update.Type.Name(update_type)} for the default entry")
         if update_type == _Update.INSERT and not entry.HasField("action"):
             raise invalid(f"{info.name}: 'action' field must be set")
-        key = self._match_key(info, entry)
+        key = self.match_key(info, entry)
         if update_type == _Update.DELETE:
             info.table.delete(key)
             return
@@ -163,7 +154,7 @@ class Entities:
         else:
             info.table.modify(key, action, extras)
 
-    def _match_key(self, info: _TableInfo, entry: p4v1.TableEntry) -> int | tuple[int, int] | None:
+    def match_key(self, info: TableInfo, entry: p4v1.TableEntry) -> int | tuple[int, int] | None:
         """PI's construct_match_key: the table's key from the entry's FieldMatches, None for the default."""
         if entry.is_default_action:
             if entry.match:
@@ -216,7 +207,7 @@ class Entities:
             return (values[0], prefix or 0)
         return pack_key(values, info.table.widths)
 
-    def _check_action_use(self, info: _TableInfo, entry: p4v1.TableEntry) -> None:
+    def _check_action_use(self, info: TableInfo, entry: p4v1.TableEntry) -> None:
         """PI's validate_action: const defaults, direct actions only, action in the table, scope."""
         if entry.is_default_action and info.table.const_default:
             raise SwitchError(code_pb2.PERMISSION_DENIED, f"cannot set / reset the default action of "
@@ -239,7 +230,7 @@ class Entities:
             raise SwitchError(code_pb2.PERMISSION_DENIED, f"cannot use DEFAULT_ONLY action {name} in a "
                               f"table entry of {info.name}")
 
-    def _action_call(self, info: _TableInfo, table_action: p4v1.TableAction) -> ActionCall:
+    def _action_call(self, info: TableInfo, table_action: p4v1.TableAction) -> ActionCall:
         action = table_action.action
         spec = self.actions[action.action_id]
         name = spec.preamble.name
@@ -261,7 +252,7 @@ class Entities:
     def _pre_write(self, update_type: int, pre: p4v1.PacketReplicationEngineEntry) -> None:
         kind = pre.WhichOneof("type")
         if kind == "clone_session_entry":
-            raise SwitchError(code_pb2.UNIMPLEMENTED, _NO_CLONE_SESSIONS)
+            raise SwitchError(code_pb2.UNIMPLEMENTED, NO_CLONE_SESSIONS)
         if kind != "multicast_group_entry":
             raise invalid("invalid PRE operation: no multicast group entry")
         group = pre.multicast_group_entry
@@ -302,7 +293,7 @@ class Entities:
         raise invalid("missing port in multicast group replica")
 
     def _counter_write(self, update_type: int, entry: p4v1.CounterEntry) -> None:
-        packets, nbytes = self._counter_arrays(entry.counter_id)
+        packets, nbytes = self.counter_arrays(entry.counter_id)
         if not entry.HasField("index"):
             raise SwitchError(code_pb2.UNIMPLEMENTED, "wildcard write is not supported for indirect counters")
         index = entry.index.index
@@ -319,108 +310,12 @@ class Entities:
         packets[index] = entry.data.packet_count if modify else 0
         nbytes[index] = entry.data.byte_count if modify else 0
 
-    def _counter_arrays(self, counter_id: int) -> tuple[np.ndarray, np.ndarray]:
+    def counter_arrays(self, counter_id: int) -> tuple[np.ndarray, np.ndarray]:
         """The packets and bytes arrays of a counter (the program has one, lhc_stats)."""
         if counter_id not in self.counters:
             raise _invalid_id("counter", counter_id)
         return self.pipeline.stats_packets, self.pipeline.stats_bytes
 
-    # --- reads -------------------------------------------------------------------------------------
     def read(self, entity: p4v1.Entity, response: p4v1.ReadResponse) -> None:
         """Append what ``entity`` selects (wildcards allowed) to ``response``; SwitchError if refused."""
-        kind = entity.WhichOneof("entity")
-        if kind == "table_entry":
-            self._table_read(entity.table_entry, response)
-        elif kind == "packet_replication_engine_entry":
-            self._pre_read(entity.packet_replication_engine_entry, response)
-        elif kind == "counter_entry":
-            self._counter_read(entity.counter_entry, response)
-        elif kind == "register_entry":
-            raise SwitchError(code_pb2.UNIMPLEMENTED, "Register reads are not supported yet")
-        elif kind == "direct_counter_entry":
-            self._no_direct_counter(entity.direct_counter_entry)
-        elif kind is None:
-            raise SwitchError(code_pb2.UNKNOWN, "Incorrect entity type: the read names no entity")
-        else:
-            raise SwitchError(code_pb2.UNIMPLEMENTED, f"softswitch does not implement {kind} reads")
-
-    def _table_read(self, request: p4v1.TableEntry, response: p4v1.ReadResponse) -> None:
-        infos = list(self.tables.values()) if request.table_id == 0 else [self._table_info(request.table_id)]
-        for info in infos:
-            if request.is_default_action:
-                entry = response.entities.add().table_entry
-                entry.table_id = info.proto.preamble.id
-                entry.is_default_action = True
-                self._fill_action(entry, info.table.default, info.table.default_extras)
-                continue
-            if request.match:
-                key = self._match_key(info, request)
-                found = info.table.get(key)  # type: ignore[arg-type]
-                selected = [] if found is None else [(key, *found)]
-            else:
-                extras = info.table.extras
-                selected = [(key, action, extras[key]) for key, action in info.table.entries.items()]
-            for key, action, extras in selected:
-                entry = response.entities.add().table_entry
-                entry.table_id = info.proto.preamble.id
-                self._fill_match(entry, info, key)
-                self._fill_action(entry, action, extras)
-
-    def _fill_match(self, entry: p4v1.TableEntry, info: _TableInfo, key: int | tuple[int, int]) -> None:
-        fields = info.proto.match_fields
-        if isinstance(info.table, LpmTable):
-            value, prefix = key  # type: ignore[misc]
-            if prefix:  # PI leaves out a don't-care LPM field
-                match = entry.match.add(field_id=fields[0].id)
-                match.lpm.value = canonical(value)
-                match.lpm.prefix_len = prefix
-            return
-        shift = sum(f.bitwidth for f in fields)
-        for field in fields:
-            shift -= field.bitwidth
-            match = entry.match.add(field_id=field.id)
-            match.exact.value = canonical((key >> shift) & ((1 << field.bitwidth) - 1))  # type: ignore[operator]
-
-    def _fill_action(self, entry: p4v1.TableEntry, action: ActionCall, extras: EntryExtras) -> None:
-        spec = self.actions[self._action_ids[action[0]]]
-        out = entry.action.action
-        out.action_id = spec.preamble.id
-        for param, value in zip(spec.params, action[1:], strict=True):
-            out.params.add(param_id=param.id, value=canonical(value))
-        entry.controller_metadata, entry.metadata, entry.idle_timeout_ns = extras
-
-    def _pre_read(self, request: p4v1.PacketReplicationEngineEntry, response: p4v1.ReadResponse) -> None:
-        if request.WhichOneof("type") != "multicast_group_entry":
-            raise SwitchError(code_pb2.UNIMPLEMENTED, _NO_CLONE_SESSIONS)
-        group_id = request.multicast_group_entry.multicast_group_id
-        if group_id >= FIRST_RESERVED_GROUP:
-            raise SwitchError(code_pb2.OUT_OF_RANGE, f"multicast group id {group_id} is too high")
-        if group_id == 0:
-            selected = [self.groups[g] for g in sorted(self.groups)]
-        elif group_id in self.groups:
-            selected = [self.groups[group_id]]
-        else:
-            raise SwitchError(code_pb2.NOT_FOUND, f"multicast group {group_id} does not exist")
-        for group in selected:
-            response.entities.add().packet_replication_engine_entry.multicast_group_entry.CopyFrom(group)
-
-    def _counter_read(self, request: p4v1.CounterEntry, response: p4v1.ReadResponse) -> None:
-        counter_ids = sorted(self.counters) if request.counter_id == 0 else [request.counter_id]
-        for counter_id in counter_ids:
-            packets, nbytes = self._counter_arrays(counter_id)
-            if request.HasField("index"):
-                index = request.index.index
-                if index < 0:
-                    raise invalid("a negative number is not a valid index value")
-                if index >= len(packets):
-                    raise SwitchError(code_pb2.UNKNOWN, f"error when reading counter from target: index "
-                                      f"{index} is outside 0..{len(packets) - 1}")
-                indexes = range(index, index + 1)
-            else:
-                indexes = range(len(packets))
-            for index in indexes:
-                entry = response.entities.add().counter_entry
-                entry.counter_id = counter_id
-                entry.index.index = index
-                entry.data.packet_count = int(packets[index])
-                entry.data.byte_count = int(nbytes[index])
+        entity_reads.read(self, entity, response)

@@ -23,3 +23,8 @@ class SwitchError(Exception):
 
 def invalid(message: str) -> SwitchError:
     return SwitchError(code_pb2.INVALID_ARGUMENT, message)
+
+
+#: Clone sessions are a PRE entity v1model programs may use; the lhc program clones nothing.
+NO_CLONE_SESSIONS = ("clone sessions (PacketReplicationEngineEntry.clone_session_entry) are not served by "
+                     "softswitch: the lhc program clones no packets")

@@ -48,6 +48,12 @@ def encode_value(value: Value, bitwidth: int, what: str = "value") -> bytes:
         raise P4RuntimeValueError(f"{what}: {value!r} is negative")
     if number >= 1 << bitwidth:
         raise P4RuntimeValueError(f"{what}: {value!r} does not fit in {bitwidth} bits")
+    return canonical(number)
+
+
+def canonical(number: int) -> bytes:
+    """The shortest big-endian byte string of a non-negative ``number``, zero as b"\\0": the form P4Runtime
+    servers answer reads in."""
     return number.to_bytes(max(1, (number.bit_length() + 7) // 8), "big")
 
 

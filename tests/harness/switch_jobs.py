@@ -11,9 +11,10 @@ from p4.v1 import p4runtime_pb2 as p4v1
 
 from lhc_ina.jobs import SET_JOB, JobLayout, WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
+from lhc_ina.p4rt.values import canonical
 from lhc_ina.wire import stream_position
 from lhc_launch.switch_job import job_updates, make_job
-from softswitch.entity_store import Entities, canonical
+from softswitch.entity_store import Entities
 from softswitch.pipeline import Pipeline
 
 
