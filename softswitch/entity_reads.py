@@ -11,7 +11,7 @@ from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as p4v1
 
 from lhc_ina.p4rt.values import canonical
-from softswitch.errors import NO_CLONE_SESSIONS, SwitchError, invalid
+from softswitch.errors import NO_CLONE_SESSIONS, SwitchError, invalid, unsupported
 from softswitch.pre import FIRST_RESERVED_GROUP
 from softswitch.tables import ActionCall, EntryExtras, LpmTable
 
@@ -28,14 +28,10 @@ def read(entities: Entities, entity: p4v1.Entity, response: p4v1.ReadResponse) -
         _pre_read(entities, entity.packet_replication_engine_entry, response)
     elif kind == "counter_entry":
         _counter_read(entities, entity.counter_entry, response)
-    elif kind == "register_entry":
-        raise SwitchError(code_pb2.UNIMPLEMENTED, "Register reads are not supported yet")
     elif kind == "direct_counter_entry":
         entities.no_direct_counter(entity.direct_counter_entry)
-    elif kind is None:
-        raise SwitchError(code_pb2.UNKNOWN, "Incorrect entity type: the read names no entity")
     else:
-        raise SwitchError(code_pb2.UNIMPLEMENTED, f"softswitch does not implement {kind} reads")
+        raise unsupported(kind, "read")
 
 
 def _table_read(entities: Entities, request: p4v1.TableEntry, response: p4v1.ReadResponse) -> None:

@@ -26,7 +26,7 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2 as p4v1
 
 from softswitch import entity_reads
-from softswitch.errors import NO_CLONE_SESSIONS, SwitchError, invalid
+from softswitch.errors import NO_CLONE_SESSIONS, SwitchError, invalid, unsupported
 from softswitch.pipeline import Pipeline
 from softswitch.tables import ActionCall, EntryExtras, ExactTable, LpmTable, pack_key
 
@@ -98,14 +98,10 @@ class Entities:
             self._pre_write(update.type, entity.packet_replication_engine_entry)
         elif kind == "counter_entry":
             self._counter_write(update.type, entity.counter_entry)
-        elif kind == "register_entry":
-            raise SwitchError(code_pb2.UNIMPLEMENTED, "Register writes are not supported yet")
         elif kind == "direct_counter_entry":
             self.no_direct_counter(entity.direct_counter_entry)
-        elif kind is None:
-            raise SwitchError(code_pb2.UNKNOWN, "Incorrect entity type: the update names no entity")
         else:
-            raise SwitchError(code_pb2.UNIMPLEMENTED, f"softswitch does not implement {kind} writes")
+            raise unsupported(kind, "write")
 
     def no_direct_counter(self, entry: p4v1.DirectCounterEntry) -> None:
         """The spec: a direct counter entry of a table without a direct counter is INVALID_ARGUMENT. No

@@ -25,6 +25,16 @@ def invalid(message: str) -> SwitchError:
     return SwitchError(code_pb2.INVALID_ARGUMENT, message)
 
 
+def unsupported(kind: str | None, verb: str) -> SwitchError:
+    """The refusal of a ``verb`` ("read", "write") of an Entity of ``kind`` that softswitch does not serve
+    (None: the request names no entity), as PI words it for registers."""
+    if kind == "register_entry":
+        return SwitchError(code_pb2.UNIMPLEMENTED, f"Register {verb}s are not supported yet")
+    if kind is None:
+        return SwitchError(code_pb2.UNKNOWN, f"Incorrect entity type: the {verb} names no entity")
+    return SwitchError(code_pb2.UNIMPLEMENTED, f"softswitch does not implement {kind} {verb}s")
+
+
 #: Clone sessions are a PRE entity v1model programs may use; the lhc program clones nothing.
 NO_CLONE_SESSIONS = ("clone sessions (PacketReplicationEngineEntry.clone_session_entry) are not served by "
                      "softswitch: the lhc program clones no packets")
