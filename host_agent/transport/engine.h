@@ -1,6 +1,6 @@
 /*
  * The engine's Python object and its socket work (engine_io.c), shared by _engine.c (the type and its
- * methods) and engine_io.c (impairment, UDP GSO sends, recvmmsg drains).
+ * methods) and engine_io.c (impairment, UDP GSO sends, recvmmsg drains, the poll wait).
  */
 #ifndef LHC_ENGINE_H
 #define LHC_ENGINE_H
