@@ -29,10 +29,12 @@ def _json_lines(text: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys):
+def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys, tmp_path: Path):
+    plot = tmp_path / "plots" / "codec.png"  # its folder made where missing
     argv = ["codec", "--length", "30000", "--density", "0.01,0.05", "--block", "1,4", "--repeats", "1",
-            "--mode", "sketch,union,dense", "--peel-trials", "3"]
+            "--mode", "sketch,union,dense", "--peel-trials", "3", "--plot", str(plot)]
     assert main(argv) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = _json_lines(capsys.readouterr().out)
     cases, trials = lines[:-1], lines[-1]
     assert len(cases) == 2 * 2 * 3
