@@ -29,6 +29,10 @@ from lhc_ina.jobservice import jobservice_pb2 as pb
 from lhc_ina.jobservice import jobservice_pb2_grpc as pb_grpc
 from lhc_ina.jobservice.errors import ControllerError
 
+#: The fields of a JobInfo that carry a JobRecord's field of the same name as it is stored.
+_JOB_INFO_AS_STORED = ("name", "job_id", "epoch", "workers", "slot_base", "slot_count", "lanes", "job_index",
+                       "failure", "join_timeout_s", "heartbeat_timeout_s", "epoch_changes", "hosts")
+
 log = logging.getLogger("lhc-controller.jobs")
 
 
@@ -102,21 +106,9 @@ class JobService(pb_grpc.JobServiceServicer):
     def info(self, job: JobRecord, counters: bool = False) -> pb.JobInfo:
         installed = self.sessions.installed(job)
         message = pb.JobInfo(
-            name=job.name,
-            job_id=job.job_id,
+            **{name: getattr(job, name) for name in _JOB_INFO_AS_STORED},
             state=pb.JobState.Value(job.state.value),
-            epoch=job.epoch,
-            workers=job.workers,
-            slot_base=job.slot_base,
-            slot_count=job.slot_count,
-            lanes=job.lanes,
-            job_index=job.job_index,
             mcast_group=job.mcast_grp,
-            failure=job.failure,
-            join_timeout_s=job.join_timeout_s,
-            heartbeat_timeout_s=job.heartbeat_timeout_s,
-            epoch_changes=job.epoch_changes,
-            hosts=job.hosts,
             installed=installed,
             switches=self.sessions.switches_of(job) if len(job.members) == job.workers else [],
         )
