@@ -34,6 +34,11 @@ SLOT_COPIES = 2
 #: Jobs the switch counts separately. Counter row 0 is for packets that belong to no admitted job.
 MAX_JOBS = 64
 
+#: Tofino-1 (p4src/tna): a 9-bit port number's pipe is its bits from TNA_PIPE_SHIFT up, and the port whose
+#: low bits are TNA_RECIRC_PORT_LOCAL in each pipe recirculates; a job's packets recirculate in its pipe.
+TNA_PIPE_SHIFT = 7
+TNA_RECIRC_PORT_LOCAL = 68
+
 # --- Header ----------------------------------------------------------------------------------------
 #: The lhc header, in wire order, as (field name, width in bits). Big-endian, no padding: 16 bytes.
 #: ``msg_type`` is the header's type field (``type`` is a keyword in P4_16).

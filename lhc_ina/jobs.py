@@ -42,9 +42,6 @@ _MCAST_GRP_BITS = 16
 _PORT_BITS = 9
 #: v1model's drop port (511 for 9-bit ports): a replica there is never delivered.
 DROP_PORT = (1 << _PORT_BITS) - 1
-#: Tofino: a port's pipe is its top two bits; port 68 of each pipe is p4src/tna's recirculation port.
-TNA_PIPE_SHIFT = 7
-TNA_RECIRC_PORT_LOCAL = 68
 #: The data planes a job can be validated for.
 Target = Literal["v1model", "tna"]
 _MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
@@ -345,11 +342,11 @@ def _check_tna(job: JobLayout) -> None:
         f"fan-in {job.world_size} must equal the {len(job.workers)} workers on Tofino (a round is "
         "finished when every worker's bit is in its bitmap)",
     )
-    pipes = sorted({w.switch_port >> TNA_PIPE_SHIFT for w in job.workers})
+    pipes = sorted({w.switch_port >> c.TNA_PIPE_SHIFT for w in job.workers})
     _require(len(pipes) == 1, job, f"workers on pipes {pipes}: a job's workers must share one pipe on Tofino")
     for worker in job.workers:
         _require(
-            worker.switch_port & ((1 << TNA_PIPE_SHIFT) - 1) != TNA_RECIRC_PORT_LOCAL, job,
+            worker.switch_port & ((1 << c.TNA_PIPE_SHIFT) - 1) != c.TNA_RECIRC_PORT_LOCAL, job,
             f"rank {worker.rank}: switch port {worker.switch_port} is its pipe's recirculation port",
         )
 

@@ -61,7 +61,7 @@ def _typed_constants() -> list[tuple[int, str, int]]:
 
 
 def _codes() -> list[tuple[int, str, int]]:
-    """(bit width, name, value) of the message type, op and outcome codes.
+    """(bit width, name, value) of the message type, op and outcome codes, and of TNA's recirculation port.
 
     They become macros of typed literals (``4w1``), not ``const`` declarations: a program uses only some
     codes (nothing in the switch names CONTROL), and p4c warns about every unused ``const``.
@@ -69,6 +69,8 @@ def _codes() -> list[tuple[int, str, int]]:
     out = [(4, f"LHC_TYPE_{t.name}", t.value) for t in c.MsgType]
     out += [(2, f"LHC_OP_{o.name}", o.value) for o in c.Op]
     out += [(32, f"LHC_STAT_{s.name}", s.value) for s in c.Stat]
+    # p4src/tna's recirculation port within a pipe (the port's bits below the pipe's).
+    out.append((c.TNA_PIPE_SHIFT, "LHC_RECIRC_PORT_LOCAL", c.TNA_RECIRC_PORT_LOCAL))
     return out
 
 

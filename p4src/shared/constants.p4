@@ -45,6 +45,7 @@ const bit<8> IP_PROTO_UDP = 17;
 #define LHC_STAT_UP 32w12
 #define LHC_STAT_UP_RETX 32w13
 #define LHC_STAT_DROP_STALE_RESULT 32w14
+#define LHC_RECIRC_PORT_LOCAL 7w68
 
 // The lhc header, in wire order (big-endian, no padding).
 header lhc_t {

@@ -1,8 +1,7 @@
 // lhc-ina on TNA: the constants, the recirculation header and the header and metadata structs of the
 // ingress and egress pipes (included by lhc.p4 after ../shared/headers.p4).
 
-// Recirculation port of pipe 0; the pipe bits of the ingress port are kept, so each pipe uses its own.
-const bit<7> LHC_RECIRC_PORT_LOCAL = 68;
+// The recirculation port is LHC_RECIRC_PORT_LOCAL (constants.p4) within the ingress port's own pipe.
 
 // Prepended to a packet between its passes (recirculation), before Ethernet. `flags` says what is left.
 const bit<8> LHC_RECIRC_RESULT = 1;   // a finished copy: read the high halves, multicast
