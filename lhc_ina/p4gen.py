@@ -44,6 +44,7 @@ def _defines() -> list[tuple[str, int]]:
         ("LHC_STATS_CELLS", c.MAX_JOBS * c.NUM_STATS),
         ("LHC_HEADER_BYTES", c.HEADER_BYTES),
         ("LHC_PAYLOAD_BYTES", c.PAYLOAD_BYTES),
+        ("LHC_TNA_PIPE_SHIFT", c.TNA_PIPE_SHIFT),
     ]
 
 

@@ -213,7 +213,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
 
     // --- outcomes -------------------------------------------------------------------------------------
     action to_recirculation() {
-        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:7] ++ LHC_RECIRC_PORT_LOCAL;
+        ig_tm_md.ucast_egress_port = ig_intr_md.ingress_port[8:LHC_TNA_PIPE_SHIFT] ++ LHC_RECIRC_PORT_LOCAL;
         ig_tm_md.bypass_egress = 1;
     }
 

@@ -41,7 +41,7 @@ parser LhcIngressParser(packet_in packet,
         meta.parent_udp_diff = 0;
         meta.parent_port_diff = 0;
         meta.from_parent = 0;
-        transition select(ig_intr_md.ingress_port[6:0]) {
+        transition select(ig_intr_md.ingress_port[LHC_TNA_PIPE_SHIFT - 1:0]) {
             LHC_RECIRC_PORT_LOCAL: parse_recirc;
             default: parse_ethernet;
         }
