@@ -5,8 +5,8 @@ argument parsing) and its C parts beside it as ``name_<part>.c`` with ``name.h``
   twin of ``engine_core.py``) + ``engine_io.c`` (the socket work per batch): the worker's packet engine;
 - ``softswitch/_dataplane.c`` + ``dataplane_pipeline.c``, ``dataplane_io.c``, ``dataplane_tables.c``,
   ``dataplane_slots.c``: softswitch's native data plane;
-- ``lhc_ina/_udp.c`` + ``udp_batch.c`` (the one batched-UDP layer, sendmmsg with GSO runs and recvmmsg,
-  that the other two use as well);
+- ``lhc_ina/_udp.c`` + ``udp_receive.c`` (``udp.h``) + ``udp_batch.c`` (the one batched-UDP layer,
+  sendmmsg with GSO runs and recvmmsg, that the other two use as well);
 - ``host_agent/codec/_kernels.c`` + ``kernels_peel.c``, ``kernels_sketch.c``, ``kernels_scan.c``,
   ``kernels_hash.c``, ``kernels_sort.c``, ``kernels_bloom.c`` (``kernels.h``): the codec's CPU kernels
   (pthreads for the second core), loaded by ``host_agent/codec/native.py``.
@@ -51,7 +51,7 @@ setup(
         Extension(
             "lhc_ina._udp",
             ["lhc_ina/_udp.c", "lhc_ina/udp_receive.c", UDP_BATCH],
-            depends=["lhc_ina/udp_receive.h", UDP_BATCH_H],
+            depends=["lhc_ina/udp.h", UDP_BATCH_H],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,
         ),

@@ -28,13 +28,12 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
 
 #include "udp_batch.h"
-#include "udp_receive.h"
-
-#define MAX_PER_CALL UDP_MAX_PER_CALL /* larger batches loop */
+#include "udp.h"
 
 /* A sender: udp_batch.h's GSO state, limits and run scratch, kept per socket by lhc_ina/udp.py's NativeIO.
  * `busy` while a send works without the GIL: the scratch serves one call at a time. */
@@ -67,7 +66,7 @@ static void release_views(Py_buffer *views, Py_ssize_t count)
         PyBuffer_Release(&views[i]);
 }
 
-static PyObject *raise_errno(int error)
+PyObject *udp_raise_errno(int error)
 {
     errno = error;
     return PyErr_SetFromErrno(PyExc_OSError);
@@ -127,7 +126,7 @@ static PyObject *send_all(Sender *self, int fd, PyObject *datagrams, const struc
     Py_END_ALLOW_THREADS
     self->busy = 0;
     if (error != 0) {
-        raise_errno(error);
+        udp_raise_errno(error);
         goto done;
     }
     result = Py_BuildValue("(KK)", s->sent - sent, s->dropped - dropped);
@@ -214,16 +213,20 @@ done:
 }
 
 /* The messages of one flush as Python: [(destination index, [datagram indices])], datagram i known by its
- * iov_base, `tags` + i. */
-static PyObject *messages_as_list(const UdpRuns *runs, int32_t messages, const struct sockaddr_in *to,
-                                  const char *tags)
+ * iov_base, which holds i (plan sends nothing, so nothing is read through it). */
+static PyObject *messages_as_list(const UdpRuns *runs, int32_t messages, const struct sockaddr_in *to)
 {
     PyObject *result = PyList_New(messages);
     for (int32_t m = 0; result != NULL && m < messages; m++) {
         const struct msghdr *header = &runs->messages[m].msg_hdr;
         PyObject *indices = PyList_New((Py_ssize_t)header->msg_iovlen);
-        for (size_t k = 0; indices != NULL && k < header->msg_iovlen; k++)
-            PyList_SET_ITEM(indices, k, PyLong_FromSsize_t((char *)header->msg_iov[k].iov_base - tags));
+        for (size_t k = 0; indices != NULL && k < header->msg_iovlen; k++) {
+            PyObject *index = PyLong_FromSize_t((size_t)(uintptr_t)header->msg_iov[k].iov_base);
+            if (index == NULL)
+                Py_CLEAR(indices);
+            else
+                PyList_SET_ITEM(indices, k, index);
+        }
         PyObject *entry = indices ? Py_BuildValue("(nN)", (const struct sockaddr_in *)header->msg_name - to,
                                                   indices) : NULL;
         if (entry == NULL)
@@ -249,7 +252,6 @@ static PyObject *Sender_plan(Sender *self, PyObject *args)
     Py_ssize_t n = PySequence_Fast_GET_SIZE(sequence);
     struct iovec *iov = PyMem_Calloc(n ? n : 1, sizeof(*iov));
     struct sockaddr_in *to = NULL;
-    static char tags[1]; /* iov_base = tags + i names datagram i; nothing is read through it */
     PyObject *result = NULL;
     if (iov == NULL || n > self->runs.capacity || PyObject_Length(sizes) != n) {
         if (!PyErr_Occurred())
@@ -266,11 +268,11 @@ static PyObject *Sender_plan(Sender *self, PyObject *args)
                 PyErr_Format(PyExc_ValueError, "size %zd is negative", i);
             goto done;
         }
-        iov[i].iov_base = tags + i, iov[i].iov_len = (size_t)size;
+        iov[i].iov_base = (void *)(uintptr_t)i, iov[i].iov_len = (size_t)size;
     }
     if ((to = read_destinations(sequence, n)) != NULL)
         result = messages_as_list(&self->runs, udp_runs_build(&self->runs, iov, to, 1, (int32_t)n, &self->sender),
-                                  to, tags);
+                                  to);
 done:
     self->busy = 0;
     PyMem_Free(to);
@@ -281,6 +283,10 @@ done:
 
 static PyObject *Sender_home(Sender *self, PyObject *destination)
 {
+    if (self->runs.capacity == 0) {
+        PyErr_SetString(PyExc_ValueError, "this Sender was never initialized (Sender.__init__ not run)");
+        return NULL;
+    }
     PyObject *one = PyTuple_Pack(1, destination);
     struct sockaddr_in *to = one ? read_destinations(one, 1) : NULL;
     Py_XDECREF(one);
@@ -293,7 +299,7 @@ static int Sender_init(Sender *self, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"segments_max", "refusals_max", "bytes_max", "gso", "capacity", "slots", NULL};
     UdpLimits limits;
-    int gso = 1, capacity = MAX_PER_CALL, slots = 0;
+    int gso = 1, capacity = UDP_MAX_PER_CALL, slots = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iil|pii", names, &limits.segments_max, &limits.refusals_max,
                                      &limits.bytes_max, &gso, &capacity, &slots))
         return -1;
@@ -306,12 +312,12 @@ static int Sender_init(Sender *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     udp_runs_free(&self->runs);
-    int status = capacity < 1 || capacity > MAX_PER_CALL ? -2 : udp_runs_init(&self->runs, capacity, slots);
+    int status = capacity < 1 || capacity > UDP_MAX_PER_CALL ? -2 : udp_runs_init(&self->runs, capacity, slots);
     if (status == -1)
         PyErr_NoMemory();
     else if (status == -2)
         PyErr_Format(PyExc_ValueError, "capacity %d (1..%d) or table slots %d (0, or a power of two of at least "
-                     "twice the capacity) is not valid", capacity, MAX_PER_CALL, slots);
+                     "twice the capacity) is not valid", capacity, UDP_MAX_PER_CALL, slots);
     if (status < 0)
         return -1;
     udp_sender_init(&self->sender, &limits, gso);

@@ -5,16 +5,13 @@
  */
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
-#include "udp_receive.h"
+#include "udp.h"
 
 #include <arpa/inet.h>
-#include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include "udp_batch.h"
-
-#define MAX_PER_CALL UDP_MAX_PER_CALL /* larger batches loop */
 
 /* The (host, port) tuple of a source; consecutive datagrams from one source share one tuple. */
 static PyObject *source_tuple(const struct sockaddr_in *source, const struct sockaddr_in *previous,
@@ -42,9 +39,9 @@ PyObject *udp_recv_batch(PyObject *self, PyObject *args)
     struct mmsghdr *messages = NULL;
     struct iovec *iov = NULL;
     struct sockaddr_in *sources = NULL;
-    if (slot < 1 || capacity < 1 || capacity > MAX_PER_CALL) {
+    if (slot < 1 || capacity < 1 || capacity > UDP_MAX_PER_CALL) {
         PyErr_Format(PyExc_ValueError, "need slot >= 1 and capacity in 1..%d, not slot %zd, capacity %zd",
-                     MAX_PER_CALL, slot, capacity);
+                     UDP_MAX_PER_CALL, slot, capacity);
         goto done;
     }
     if (buffer.len / slot < capacity) {
@@ -72,8 +69,7 @@ PyObject *udp_recv_batch(PyObject *self, PyObject *args)
     received = udp_receive(fd, messages, (unsigned int)capacity, &error);
     Py_END_ALLOW_THREADS
     if (received < 0) {
-        errno = error;
-        PyErr_SetFromErrno(PyExc_OSError);
+        udp_raise_errno(error);
         goto done;
     }
     result = PyList_New(received);

@@ -443,6 +443,16 @@ def test_registers_are_unimplemented_as_on_bmv2(configured):
     assert refused(stub, up) == [code_pb2.UNIMPLEMENTED]
 
 
+def test_an_entity_of_no_kind_is_refused_both_ways(configured):
+    """A read or an update whose Entity names no kind is UNKNOWN, said as such (PI's "Incorrect entity
+    type")."""
+    stub, _ = configured
+    with pytest.raises(grpc.RpcError) as info:
+        read(stub, p4v1.Entity())
+    assert info.value.code() == grpc.StatusCode.UNKNOWN and "names no entity" in info.value.details()
+    assert refused(stub, p4v1.Update(type=MODIFY, entity=p4v1.Entity())) == [code_pb2.UNKNOWN]
+
+
 def test_text_format_entries_from_a_client_work_unchanged(configured):
     """An entry as p4runtime-sh would print it (non-canonical, zero-padded values) is accepted."""
     stub, pipeline = configured

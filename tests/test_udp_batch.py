@@ -29,8 +29,8 @@ def _destination(address: int, port: int) -> bytes:
 
 def _planner(capacity: int, slots: int = 0, segments: int = c.UDP_GSO_SEGMENTS, most: int = c.UDP_GSO_BYTES,
              gso: bool = True):
-    """A sender of ``capacity`` datagrams a flush whose runs the tests read (one GSO refusal turns it off,
-    as a kernel without GSO would)."""
+    """A sender of ``capacity`` datagrams a flush whose runs the tests read through ``plan`` (no socket, so
+    GSO stays as ``gso`` says)."""
     from lhc_ina import _udp
 
     return _udp.Sender(segments, 1, most, gso, capacity=capacity, slots=slots)
@@ -70,8 +70,8 @@ flushes = st.lists(st.lists(st.tuples(st.integers(0, 39), st.sampled_from([272, 
 @settings(max_examples=150, deadline=None)
 @given(flushes=flushes, segments=st.sampled_from([1, 2, 3, c.UDP_GSO_SEGMENTS]))
 def test_a_tiny_table_forced_into_collisions_and_churn_loses_and_misroutes_nothing(flushes, segments):
-    """16 table slots for flushes of up to 8 destinations out of 40: most flushes collide, and over a run
-    far more destinations pass through the table than it holds."""
+    """32 table slots for flushes of up to 16 datagrams to destinations out of 40: most flushes collide,
+    and over a run far more destinations pass through the table than it holds."""
     planner = _planner(8 * 2, 32, segments)  # capacity 16, 32 slots: the smallest table it allows
     pool = [_destination(0x7F000001 + (i % 3), 20000 + i) for i in range(40)]
     for flush in flushes:
@@ -164,9 +164,9 @@ def test_a_closed_socket_raises_ebadf_and_a_refused_datagram_is_only_a_drop():
         sock.close()
 
 
-def test_a_sender_sends_a_batch_larger_than_its_capacity_in_flushes_that_reuse_its_table():
-    """What ``plan`` reads is what leaves: a sender of 16 datagrams a flush sends 150 to three sockets in
-    ten flushes through one 32-slot table, each socket getting its own datagrams once, in order."""
+def test_a_sender_sends_a_batch_larger_than_its_capacity_in_flushes():
+    """A sender of 16 datagrams a flush sends 150 to three sockets in ten flushes through one 32-slot
+    table: each socket gets its own datagrams once, in order."""
     from lhc_ina import _udp
 
     sender = _udp.Sender(c.UDP_GSO_SEGMENTS, c.UDP_GSO_REFUSALS, c.UDP_GSO_BYTES, capacity=16, slots=32)
@@ -177,7 +177,8 @@ def test_a_sender_sends_a_batch_larger_than_its_capacity_in_flushes_that_reuse_i
             receiver.bind(("127.0.0.1", 0))
             receiver.settimeout(5.0)
         homes = [socket.inet_aton("127.0.0.1") + r.getsockname()[1].to_bytes(2, "big") for r in receivers]
-        to = [i * i % 3 for i in range(150)]  # uneven: runs of one destination and alternations
+        to = [(i * i + i // 7) % 3 for i in range(150)]  # uneven: runs of one destination and alternations
+        assert all(to.count(k) > 0 for k in range(3))
         datagrams = [struct.pack("!I", i) * 68 for i in range(150)]  # 272 bytes, GSO runs where in a row
         assert sender.send_each(out.fileno(), datagrams, [homes[k] for k in to]) == (150, 0)
         for k, receiver in enumerate(receivers):
@@ -196,3 +197,5 @@ def test_a_sender_never_initialized_is_refused_not_run():
         sender.send_batch(0, [b"x"], "127.0.0.1", 9)
     with pytest.raises(ValueError, match="never initialized"):
         sender.plan([1], [_destination(1, 1)])
+    with pytest.raises(ValueError, match="never initialized"):
+        sender.home(_destination(1, 1))
