@@ -46,7 +46,8 @@ def parameter_digest(parameters: tuple) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parameters).encode(), digest_size=4).digest(), "little")
 
 
-def _signed(word: int) -> int:
+def signed_word(word: int) -> int:
+    """A 32-bit word as the int32 that holds the same bits."""
     return word - (1 << 32) if word >= 1 << 31 else word
 
 
@@ -57,7 +58,7 @@ def agreement_words(rank: int, digest: int, items: int, device: torch.device) ->
     words[CLAIMS_WORD + rank // 2] = 1 << (16 * (rank % 2))
     words[ITEMS_WORD] = items & 0xFFFF
     words[ITEMS_WORD + 1] = items >> 16
-    return torch.tensor([_signed(w) for w in words], dtype=torch.int32, device=device)
+    return torch.tensor([signed_word(w) for w in words], dtype=torch.int32, device=device)
 
 
 def _groups(digests: dict[int, int]) -> list[list[int]]:

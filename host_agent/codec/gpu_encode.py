@@ -104,8 +104,9 @@ def summarize(stats: torch.Tensor, is_float: bool) -> Scan:
     top = int(host[:, 1].max())
     k = int(host[:, 0].sum())
     if is_float:
-        field = None if top == 0 or top >= 0x7F800000 else (top >> 23) & 0xFF
-        return Scan(k, field, top < 0x7F800000, 0, 0)
+        not_finite = NOT_FINITE_BITS.value
+        field = None if top == 0 or top >= not_finite else (top >> 23) & 0xFF
+        return Scan(k, field, top < not_finite, 0, 0)
     return Scan(k, None, True, int(host[:, 2].min()), top)
 
 
@@ -158,9 +159,8 @@ def encode_lead(stats: torch.Tensor, out: torch.Tensor, rank: int, digest: int, 
     """This worker's lead (the agreement message, then the header) into ``out`` (zeroed) from its
     bucket's figures (:func:`encode_bucket`'s ``stats``), on the device: one kernel, nothing read back
     (the host never learns the figures; every worker reads them from the aggregated header)."""
-    unsigned = digest & 0xFFFFFFFF
     zeroed = sketch if sketch is not None and sketch.numel() else out  # never an empty view
-    launch(_lead, (1,), stats, stats.shape[0], out, rank, (unsigned ^ 0x80000000) - 0x80000000,
+    launch(_lead, (1,), stats, stats.shape[0], out, rank, agreement.signed_word(digest & 0xFFFFFFFF),
            header.int_bound(world), zeroed, 0 if sketch is None else sketch.numel(), IS_FLOAT=is_float,
            ROWS=sizes()["fill"], num_warps=sizes()["warps"])
 

@@ -57,6 +57,9 @@ from .state import BucketShape, CodecState
 from .steps import Lead, Steps
 
 Results = dict[str, torch.Tensor]  # a completed round's reduced words, by message kind
+#: The kinds whose aggregate is read only on the host, from :attr:`Rounds.received` (the agreement, checked
+#: as it arrives; the header's OR): a driver does not copy them to the device.
+HOST_KINDS = frozenset({"agree", "header"})
 
 
 def _packets(words: int) -> int:
@@ -375,7 +378,7 @@ class Rounds(Steps):
         return Round(messages, self._after_dense)
 
     def _after_dense(self, res: Results) -> Round | Outcome:
-        if "header" in res:
+        if "header" in self.received:
             if self._parse_header("header"):
                 return self._nonfinite_outcome()
             if not scale_holds(self.agreed, self.assumed, self.lag):

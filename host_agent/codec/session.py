@@ -77,7 +77,7 @@ from .native import kernels_in_use
 from .options import DEFAULT_HEADROOM, Options, is_int
 from .output import OutputRange
 from .phase_clock import PhaseClock
-from .protocol import Outcome, Results, Round, Rounds
+from .protocol import HOST_KINDS, Outcome, Results, Round, Rounds
 from .quantize import FLOAT_DTYPES, INT_DTYPES
 from .sketch import DEFAULT_MARGIN, resolve_layout
 from .state import BucketShape, CodecState, Message, WorkerResult
@@ -259,10 +259,10 @@ class WorkerSession:
                     step = self._guarded(self._rounds.start)
             else:
                 assert self._next is not None
-                # the agreement was checked when it arrived and is read nowhere else: it stays where it is
+                # what is read on the host (the agreement, the header) stays where it is
                 with launches.counting(self._launches, "transfer"):
                     results = {kind: to_device(words, self.x.device) for kind, words in self._results.items()
-                               if kind != "agree"}
+                               if kind not in HOST_KINDS}
                 self._rounds.received, self._results = self._results, {}
                 with launches.counting(self._launches, "decode"):
                     step = self._guarded(self._next.then, results)
