@@ -99,8 +99,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: The host network's lock: held by each of its tests, so they run one at a time even where the scheduler
 #: spreads their group over workers. It did with pytest 9.2 (pytest-dev/pytest-xdist#1386, hence the pin
 #: below 9.2): two Mininet runs at once, both binding the controller's address 10.0.0.254:9560 and each
-#: finding the other's interfaces.
-HOST_NETWORK_LOCK = Path(__file__).resolve().parent / "build" / "host-network.lock"
+#: finding the other's interfaces. What it guards is the machine's (addresses, interface names, the
+#: leftovers check over every process), so the lock is the machine's too: two checkouts' runs share it.
+#: Taken per test, after any module-scoped fixture (no host-network module has one); a wait counts
+#: against the test's timeout, so it fails rather than hangs.
+HOST_NETWORK_LOCK = (Path("/run/lock") if Path("/run/lock").is_dir() else Path(__file__).resolve().parent
+                     / "build") / "lhc-ina-host-network.lock"
 
 
 @pytest.fixture(autouse=True)

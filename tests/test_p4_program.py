@@ -528,9 +528,9 @@ def test_tna_register_outputs_are_what_they_mean(tna: P4Program) -> None:
 
 
 def test_tna_parser_initializes_all_metadata(tna: P4Program) -> None:
-    tna_text = tna.text
     """Every metadata field is set in the start state (else p4c warns that `meta` may be uninitialized,
     and Tofino does not clear metadata)."""
+    tna_text = tna.text
     struct = _block(tna_text, re.search(r"\bstruct\s+lhc_ig_metadata_t\s*\{", tna_text).end() - 1)
     fields = re.findall(r"(?:bit<\d+>|\w+)\s+(\w+)\s*;", struct)
     parser = tna_text[re.search(r"\bparser\s+LhcIngressParser\b", tna_text).start():]
@@ -547,10 +547,10 @@ def test_tna_only_results_reach_egress(tna: P4Program) -> None:
 
 
 def test_tna_later_passes_still_parse_as_lhc(tna: P4Program) -> None:
-    tna_text = tna.text
     """A recirculated packet is parsed as a whole lhc frame, and no first-pass action moves it off the lhc
     UDP port: only the last pass of a retransmission swaps the ports (an earlier swap once left the later
     passes without hdr.lhc, and the answer carried the asker's own payload, uncounted)."""
+    tna_text = tna.text
     parser = tna_text[re.search(r"\bparser\s+LhcIngressParser\b", tna_text).start():]
     recirc = _block(parser, re.search(r"\bstate\s+parse_recirc\s*\{", parser).end() - 1)
     extracted = re.findall(r"packet\.extract\(hdr\.(\w+)\)", recirc)

@@ -303,10 +303,10 @@ def _colliding_sockets() -> tuple[list[socket.socket], list[WorkerEndpoint]]:
     from lhc_ina import _udp
     from lhc_ina.udp import MAX_BATCH
 
-    planner = _udp.Sender(c.UDP_GSO_SEGMENTS, c.UDP_GSO_REFUSALS, c.UDP_GSO_BYTES, capacity=MAX_BATCH)
+    sender = _udp.Sender(c.UDP_GSO_SEGMENTS, c.UDP_GSO_REFUSALS, c.UDP_GSO_BYTES, capacity=MAX_BATCH)
     by_home: dict[int, socket.socket] = {}
     for port in RNG.permutation(np.arange(20000, 60000)).tolist():
-        home = planner.home(socket.inet_aton("127.0.0.1") + port.to_bytes(2, "big"))
+        home = sender.home(socket.inet_aton("127.0.0.1") + port.to_bytes(2, "big"))
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             sock.bind(("127.0.0.1", port))
