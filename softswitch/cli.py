@@ -43,6 +43,14 @@ log = logging.getLogger("softswitch")
 READY = "lhc-softswitch ready:"
 
 
+def describe_counters(counters: dict) -> str:
+    """A port's counters as one log line's words: ``frames_in=12 dropped_non_udp=0 send_errors=3
+    send_errors_by_errno=EINVAL:3`` (``-`` when none)."""
+    by_errno = ",".join(f"{name}:{count}" for name, count in counters["send_errors_by_errno"].items()) or "-"
+    return (f"frames_in={counters['frames_in']} dropped_non_udp={counters['dropped_non_udp']} "
+            f"send_errors={counters['send_errors']} send_errors_by_errno={by_errno}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lhc-softswitch",
@@ -150,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     log.info("stopping: %d frames received, %d raised, %d socket errors", dataplane.frames_in,
              dataplane.errors, dataplane.socket_errors)
+    for number, counters in sorted(dataplane.port_counters().items()):
+        log.info("port %d counters: %s", number, describe_counters(counters))
     server.stop(grace=1).wait()
     dataplane.stop()
     if capture is not None:
