@@ -33,7 +33,7 @@ MAX_BATCH = 1024
 
 
 def is_fatal(error: OSError) -> bool:
-    """Whether ``error`` is the socket's own fault (raise), not one datagram's (a drop, as on a lossy link)."""
+    """Whether ``error`` is the socket's own fault (raise), not one datagram's (a drop, as on a lost link)."""
     return error.errno in FATAL_ERRNOS
 
 
@@ -132,7 +132,8 @@ class PythonIO:
         addresses = [(socket.inet_ntoa(d[:4]), int.from_bytes(d[4:], "big")) for d in destinations]
         return self._send_all(sock, list(zip(datagrams, addresses, strict=True)))
 
-    def _send_all(self, sock: socket.socket, pairs: list[tuple[bytes | memoryview, Address]]) -> tuple[int, int]:
+    def _send_all(self, sock: socket.socket, pairs: list[tuple[bytes | memoryview, Address]]
+                  ) -> tuple[int, int]:
         """udp_batch.c's one_by_one: each datagram on its own, a drop counted under its errno."""
         failed = 0
         for at, (datagram, address) in enumerate(pairs):

@@ -19,8 +19,9 @@ A datagram a port's socket refuses (EINVAL for an address it may not send to, a 
 an interface gone: anything but the socket's own faults, ``lhc_ina.udp.is_fatal``) is lost alone and
 counted in that port's ``send_errors`` and ``send_errors_by_errno`` (``port_counters``), on both
 pipelines; every other frame of the burst still leaves. A socket error on a port (an OSError from a
-receive, or from a flush whose socket is unusable) is counted and logged, and the loop goes on. If the loop dies anyway, ``on_failure`` is called after a critical log line: the process must end
-rather than keep a P4Runtime server answering for a switch that no longer forwards.
+receive, or from a flush whose socket is unusable) is counted and logged, and the loop goes on. If the
+loop dies anyway, ``on_failure`` is called after a critical log line: the process must end rather than
+keep a P4Runtime server answering for a switch that no longer forwards.
 """
 
 from __future__ import annotations
