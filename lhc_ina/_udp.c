@@ -119,12 +119,15 @@ static PyObject *send_all(Sender *self, int fd, PyObject *datagrams, const struc
     UdpRuns *runs = &self->runs;
     unsigned long long sent = s->sent, dropped = s->dropped;
     int error = 0;
+    Py_ssize_t at = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t at = 0; at < count && !error; at += runs->capacity) {
+    for (; at < count && !error; at += runs->capacity) {
         int32_t n = (int32_t)(count - at < runs->capacity ? count - at : runs->capacity);
         const struct sockaddr_in *to = per_datagram ? addresses + at : addresses;
         error = udp_runs_send(runs, fd, udp_runs_build(runs, iov + at, to, per_datagram, n, s), s);
     }
+    if (error && at < count) /* the chunks after an unusable socket's are lost too */
+        udp_sender_drop(s, error, (unsigned long long)(count - at));
     Py_END_ALLOW_THREADS
     self->busy = 0;
     if (error != 0) {

@@ -24,8 +24,7 @@ int udp_error_is_fatal(int error) /* udp.py: is_fatal */
     return 0;
 }
 
-/* `count` datagrams lost to errno `error`. Python twin: udp.py's PythonIO._drop. */
-static void drop(UdpSender *s, int error, unsigned long long count)
+void udp_sender_drop(UdpSender *s, int error, unsigned long long count) /* udp.py: PythonIO._drop */
 {
     s->dropped += count;
     s->dropped_by[error > 0 && error < UDP_ERRNO_SLOTS ? error : 0] += count;
@@ -211,10 +210,10 @@ static int one_by_one(UdpRuns *r, int fd, int32_t m, int32_t from, UdpSender *s,
             *sent_any = 1;
         } else if (udp_error_is_fatal(errno)) {
             int error = errno;
-            drop(s, error, (unsigned long long)(r->segments[m] - i));
+            udp_sender_drop(s, error, (unsigned long long)(r->segments[m] - i));
             return error;
         } else {
-            drop(s, errno, 1);
+            udp_sender_drop(s, errno, 1);
         }
     }
     return 0;
@@ -246,12 +245,12 @@ int udp_runs_send(UdpRuns *r, int fd, int32_t messages, UdpSender *s)
         } else {
             /* as one message per datagram would: the first is lost, the rest of the run still tries
                (the error may have been an earlier datagram's, reported once) */
-            drop(s, failure, 1);
+            udp_sender_drop(s, failure, 1);
             error = one_by_one(r, fd, next++, 1, s, &sent_any);
         }
         if (error) {
             for (; next < messages; next++)
-                drop(s, error, (unsigned long long)r->segments[next]);
+                udp_sender_drop(s, error, (unsigned long long)r->segments[next]);
             return error;
         }
     }

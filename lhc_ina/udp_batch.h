@@ -61,6 +61,8 @@ typedef struct {
 } UdpSender;
 
 void udp_sender_init(UdpSender *s, const UdpLimits *limits, int gso);
+/* `count` datagrams lost to errno `error` (those a fatal error left unsent count under it too). */
+void udp_sender_drop(UdpSender *s, int error, unsigned long long count);
 
 /* Scratch for planning and sending one flush of at most `capacity` datagrams: the destination table
  * (open addressing over address and port, `slots` a power of two of at least twice the capacity, so a
