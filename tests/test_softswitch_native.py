@@ -41,10 +41,10 @@ from lhc_launch.switch_job import (
     table_entry,
     update,
 )
+from ptf_tests import veth as veth_pairs
 from softswitch.entity_store import Entities
 from softswitch.native import NativePipeline, layout, native_available
 from softswitch.pipeline import Pipeline
-from ptf_tests import veth as veth_pairs
 from softswitch.ports import PortSpec, UdpPort
 from tests.harness.dataplane_fault_trials import UDP_ERRORS
 from tests.harness.socket_faults import build_shim, run_with_faults

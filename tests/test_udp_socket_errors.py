@@ -31,7 +31,7 @@ def test_the_fatal_errnos_are_one_list_in_c_and_python():
     header = (Path(__file__).resolve().parents[1] / "lhc_ina" / "udp_batch.h").read_text()
     listed = re.search(r"#define UDP_FATAL_ERRORS\(X\)(.*)", header).group(1)
     assert tuple(re.findall(r"X\((\w+)\)", listed)) == c.UDP_FATAL_ERRORS
-    assert FATAL_ERRNOS == {getattr(errno, name) for name in c.UDP_FATAL_ERRORS}
+    assert {getattr(errno, name) for name in c.UDP_FATAL_ERRORS} == FATAL_ERRNOS
     assert errno.EINVAL not in FATAL_ERRNOS and errno.ENXIO not in FATAL_ERRNOS
     if native_udp_available():
         from lhc_ina import _udp

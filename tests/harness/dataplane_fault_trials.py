@@ -125,9 +125,13 @@ class Run:
             got["raw"] = _drain(sniffer, _raw_result, 0.5)
         return {"counters": {str(port): value for port, value in counters.items()},
                 "errors": self.dataplane.errors, "socket_errors": self.dataplane.socket_errors,
-                "delivered": {role: {"count": len(frames), "seqs": [wire.unpack_packet(f)[0].seq for f in frames],
-                                     "digest": hashlib.sha256(b"".join(frames)).hexdigest()}
-                              for role, frames in got.items()}}
+                "delivered": {role: _summary(frames) for role, frames in got.items()}}
+
+
+def _summary(frames: list[bytes]) -> dict:
+    """What a receiver got: how many results, their seqs in arrival order, and a digest of their bytes."""
+    return {"count": len(frames), "seqs": [wire.unpack_packet(f)[0].seq for f in frames],
+            "digest": hashlib.sha256(b"".join(frames)).hexdigest()}
 
 
 def _raw_result(frame: bytes) -> bytes | None:

@@ -21,7 +21,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lhc_ina.udp import BatchIO, NativeIO, PythonIO, native_udp_available
+from lhc_ina.udp import BatchIO, NativeIO, PythonIO, errno_names, native_udp_available
 from tests.harness.socket_faults import fault_address
 
 JOBS = 3
@@ -79,7 +79,7 @@ def check(io: BatchIO, port: Port, plan: list[list[tuple[int, int | None, int]]]
                 expected[job].append(datagrams[i])
     for job, sock in enumerate(port.jobs):
         got = _drain(sock)
-        assert got == expected[job], f"job {job}: {len(got)} of {len(expected[job])} datagrams, or out of order"
+        assert got == expected[job], f"job {job}: {len(got)} of {len(expected[job])} datagrams, or disordered"
     assert Counter(io.drops) - drops_before == refused, (io.drops, refused)
     if isinstance(io, NativeIO):
         assert io.gso and io._sender.refusals == 0, "a destination's error counted against GSO"
@@ -118,7 +118,7 @@ def main() -> None:
 
     trial()
     summary = {"examples": examples[0], "layers": [io.name for io in layers],
-               "drops": {io.name: {errno.errorcode[k]: v for k, v in sorted(io.drops.items())} for io in layers},
+               "drops": {io.name: errno_names(io.drops) for io in layers},
                "fatal": {io.name: fatal_fault(type(io)()) for io in layers}}
     print(json.dumps(summary))
 
