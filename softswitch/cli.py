@@ -13,8 +13,10 @@ with how P4Runtime is served (``plaintext``, ``tls`` with ``--tls-cert``/``--tls
 ``--tls-ca`` too: only controllers whose certificate it signed get in), the ports actually bound
 (``--grpc-addr 127.0.0.1:0`` picks a free port; a UDP port 0 the first free one of the lhc range, and a UDP
 port outside that range is refused) and the pipeline that runs (native by default where
-softswitch/_dataplane.c was built, python otherwise). Harnesses wait for it. Logs go to stderr. If the
-data plane's thread dies, the process logs it and exits with status 1.
+softswitch/_dataplane.c was built, python otherwise). Harnesses wait for it. Logs go to stderr; when it
+stops, at INFO, the frames and errors in all and a line per port with its counters (``describe_counters``:
+among them the datagrams its socket refused, per errno name). If the data plane's thread dies, the process
+logs it and exits with status 1.
 
 ``--pcap FILE`` records every frame the data plane receives and sends, on every port, as pcapng
 (``softswitch.capture``; read it with Wireshark and ``wireshark/lhc.lua``, docs/testing.md).
