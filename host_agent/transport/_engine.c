@@ -231,7 +231,8 @@ fail:
  * One turn of the stream's I/O loop: take the results already waiting (a process that was off the CPU
  * must not fire timers for packets whose results sit unread in its socket), decide and send what is due,
  * sleep until a result, a wake-up on wake_fd or the next timer (at most max_wait s), and take results
- * again. Returns the segments completed.
+ * again. Returns the segments completed. Python twin: engine_io.py's ChannelEngine.pump (PacketEngine_pump
+ * below only guards it).
  */
 static PyObject *pump_turn(PacketEngine *e, int wake_fd, double max_wait)
 {
