@@ -6,7 +6,8 @@ argument parsing) and its C parts beside it as ``name_<part>.c`` with ``name.h``
 - ``softswitch/_dataplane.c`` + ``dataplane_pipeline.c``, ``dataplane_io.c``, ``dataplane_tables.c``,
   ``dataplane_slots.c``: softswitch's native data plane;
 - ``lhc_ina/_udp.c`` + ``udp_receive.c`` (``udp.h``) + ``udp_batch.c`` (the one batched-UDP layer,
-  sendmmsg with GSO runs and recvmmsg, that the other two use as well);
+  sendmmsg with GSO runs and recvmmsg, and the one socket-error rule, that the other two use as well;
+  ``udp_python.h``: its counters as Python objects);
 - ``host_agent/codec/_kernels.c`` + ``kernels_peel.c``, ``kernels_sketch.c``, ``kernels_scan.c``,
   ``kernels_hash.c``, ``kernels_sort.c``, ``kernels_bloom.c`` (``kernels.h``): the codec's CPU kernels
   (pthreads for the second core), loaded by ``host_agent/codec/native.py``.
@@ -21,6 +22,8 @@ from setuptools import Extension, setup
 #: The one batched-UDP layer (GSO runs, bursts, the socket-error rule), compiled into every extension
 #: that moves datagrams.
 UDP_BATCH, UDP_BATCH_H = "lhc_ina/udp_batch.c", "lhc_ina/udp_batch.h"
+#: Its counters as Python objects (header-only), for the extensions that expose them.
+UDP_PYTHON_H = "lhc_ina/udp_python.h"
 
 setup(
     ext_modules=[
@@ -51,7 +54,7 @@ setup(
         Extension(
             "lhc_ina._udp",
             ["lhc_ina/_udp.c", "lhc_ina/udp_receive.c", UDP_BATCH],
-            depends=["lhc_ina/udp.h", UDP_BATCH_H],
+            depends=["lhc_ina/udp.h", UDP_BATCH_H, UDP_PYTHON_H],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,
         ),
@@ -61,7 +64,7 @@ setup(
                 "softswitch/_dataplane.c", "softswitch/dataplane_pipeline.c", "softswitch/dataplane_io.c",
                 "softswitch/dataplane_tables.c", "softswitch/dataplane_slots.c", UDP_BATCH,
             ],
-            depends=["softswitch/dataplane.h", UDP_BATCH_H],
+            depends=["softswitch/dataplane.h", UDP_BATCH_H, UDP_PYTHON_H],
             extra_compile_args=["-O3", "-std=c11", "-Wall"],
             optional=True,
         ),

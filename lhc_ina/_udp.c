@@ -17,6 +17,8 @@
  *   .plan(sizes, destinations) -> [(destination index, [datagram indices])]: the messages send_each would
  *     send now (the same table, limits and GSO state), without a socket: what the property tests read.
  *   .home(destination) -> the table slot a destination's probe starts at (for tests that force collisions).
+ *   .gso, .refusals, .drops ({errno: datagrams dropped for it}, since the sender was made).
+ * FATAL_ERRORS: the errnos that make a socket unusable (udp_batch.h's UDP_FATAL_ERRORS); any other is a drop.
  * recv_batch(fd, buffer, slot, capacity) -> [(length, (host, port)), ...]
  *     Up to `capacity` waiting datagrams, datagram i into buffer[i * slot : (i + 1) * slot]; a longer one
  *     arrives cut to `slot` bytes. An empty list when nothing is waiting.
@@ -32,8 +34,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "udp_batch.h"
 #include "udp.h"
+#include "udp_python.h"
 
 /* A sender: udp_batch.h's GSO state, limits and run scratch, kept per socket by lhc_ina/udp.py's NativeIO.
  * `busy` while a send works without the GIL: the scratch serves one call at a time. */
@@ -117,12 +119,15 @@ static PyObject *send_all(Sender *self, int fd, PyObject *datagrams, const struc
     UdpRuns *runs = &self->runs;
     unsigned long long sent = s->sent, dropped = s->dropped;
     int error = 0;
+    Py_ssize_t at = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t at = 0; at < count && !error; at += runs->capacity) {
+    for (; at < count && !error; at += runs->capacity) {
         int32_t n = (int32_t)(count - at < runs->capacity ? count - at : runs->capacity);
         const struct sockaddr_in *to = per_datagram ? addresses + at : addresses;
         error = udp_runs_send(runs, fd, udp_runs_build(runs, iov + at, to, per_datagram, n, s), s);
     }
+    if (error && at < count) /* the chunks after an unusable socket's are lost too */
+        udp_sender_drop(s, error, (unsigned long long)(count - at));
     Py_END_ALLOW_THREADS
     self->busy = 0;
     if (error != 0) {
@@ -332,6 +337,7 @@ static void Sender_dealloc(Sender *self)
 
 static PyObject *Sender_get_gso(Sender *self, void *unused) { return PyBool_FromLong(self->sender.gso); }
 static PyObject *Sender_get_refusals(Sender *self, void *unused) { return PyLong_FromLong(self->sender.refusals); }
+static PyObject *Sender_get_drops(Sender *self, void *unused) { return udp_drops_by_errno(&self->sender); }
 
 static PyMethodDef Sender_methods[] = {
     {"send_batch", (PyCFunction)Sender_send_batch, METH_VARARGS,
@@ -347,6 +353,7 @@ static PyMethodDef Sender_methods[] = {
 static PyGetSetDef Sender_getset[] = {
     {"gso", (getter)Sender_get_gso, NULL, "whether runs still leave as UDP GSO messages", NULL},
     {"refusals", (getter)Sender_get_refusals, NULL, "GSO runs the kernel refused so far", NULL},
+    {"drops", (getter)Sender_get_drops, NULL, "{errno: datagrams dropped for it}", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -382,10 +389,10 @@ PyMODINIT_FUNC PyInit__udp(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&SenderType);
-    if (PyModule_AddObject(m, "Sender", (PyObject *)&SenderType) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
+    PyObject *fatal = udp_fatal_errors_tuple();
+    if (fatal == NULL || PyModule_AddObjectRef(m, "Sender", (PyObject *)&SenderType) < 0
+        || PyModule_AddObjectRef(m, "FATAL_ERRORS", fatal) < 0)
+        Py_CLEAR(m);
+    Py_XDECREF(fatal);
     return m;
 }

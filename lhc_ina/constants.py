@@ -75,6 +75,14 @@ UDP_GSO_BYTES = 0xFFFF - IPV4_BYTES - UDP_BYTES
 #: GSO runs a socket's kernel or route may refuse before its sender sends one datagram per message for
 #: good (one odd refusal, such as a run longer than a route's MTU, must not turn GSO off).
 UDP_GSO_REFUSALS = 8
+#: The socket-error rule of every sender and receiver: only these errnos, the socket's own faults, make a
+#: socket unusable (a closed descriptor, not a socket, a buffer outside memory, no destination or peer where
+#: one is needed, a socket shut down for writing); they would fail every later datagram alike, so the call
+#: stops and raises. Any other errno concerns one datagram or its destination (EINVAL for an address this
+#: socket may not send to, a full buffer, an unreachable host or port, a firewall, a datagram too long, an
+#: interface gone): that datagram is dropped and counted under its errno, and the rest still leave.
+#: udp_batch.h's UDP_FATAL_ERRORS names the same (a test holds them equal).
+UDP_FATAL_ERRORS = ("EBADF", "ENOTSOCK", "EFAULT", "EDESTADDRREQ", "ENOTCONN", "EPIPE")
 
 
 class MsgType(IntEnum):

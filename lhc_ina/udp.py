@@ -2,8 +2,9 @@
 
 The worker's channel (``host_agent/transport/channel.py``) and softswitch's UDP ports use it. Both
 implementations have the same contract, so what runs above them behaves the same either way: a batch
-leaves in order, a datagram the kernel refuses (full buffer, unreachable port, forbidden address) is
-counted as failed and skipped, and received datagrams land one per slot of a caller's buffer.
+leaves in order, a datagram the kernel refuses (full buffer, unreachable port, an address this socket may
+not send to) is counted as failed, under its errno, and skipped, and received datagrams land one per slot
+of a caller's buffer. Only an errno of ``constants.UDP_FATAL_ERRORS`` (the socket's own faults) raises.
 """
 
 from __future__ import annotations
@@ -24,20 +25,21 @@ except ImportError:  # built without a C compiler
 
 #: A UDP payload is at most 65,507 bytes on IPv4: a slot this long never cuts a datagram.
 MAX_DATAGRAM = 65536
-#: Send and receive errors that lose only their datagram (udp_batch.c's udp_error_is_drop); any other
-#: means the socket itself is unusable and raises.
-_DROPS = frozenset({
-    errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.ENOMEM, errno.ECONNREFUSED, errno.EHOSTUNREACH,
-    errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN, errno.EPERM, errno.EACCES, errno.EMSGSIZE,
-    errno.EADDRNOTAVAIL,
-})
+#: The errnos that make a socket unusable (``constants.UDP_FATAL_ERRORS``; udp_batch.c's twin is
+#: udp_error_is_fatal); any other send or receive error loses only its datagram.
+FATAL_ERRNOS = frozenset(getattr(errno, name) for name in c.UDP_FATAL_ERRORS)
 #: recvmmsg takes at most this many messages per call (the kernel's UIO_MAXIOV).
 MAX_BATCH = 1024
 
 
-def _drops(error: OSError) -> bool:
-    """Whether ``error`` lost only its datagram (as on a lossy link), not the socket."""
-    return error.errno in _DROPS
+def is_fatal(error: OSError) -> bool:
+    """Whether ``error`` is the socket's own fault (raise), not one datagram's (a drop, as on a lost link)."""
+    return error.errno in FATAL_ERRNOS
+
+
+def errno_names(drops: dict[int, int]) -> dict[str, int]:
+    """``{errno: count}`` as ``{"EINVAL": count}``, sorted by name: how counters show drops."""
+    return dict(sorted((errno.errorcode.get(number, str(number)), count) for number, count in drops.items()))
 
 Address = tuple[str, int]
 Received = list[tuple[int, Address]]
@@ -59,6 +61,12 @@ class BatchIO(Protocol):
         """Up to ``capacity`` waiting datagrams into ``buffer``'s slots: [(length, source)]."""
         ...
 
+    @property
+    def drops(self) -> dict[int, int]:
+        """``{errno: datagrams dropped for it}`` over every send so far (a fatal error counts the datagrams
+        of its call that never left under its own errno)."""
+        ...
+
 
 class NativeIO:
     """sendmmsg and recvmmsg over ``udp_batch.c``: one system call per batch, datagrams to one destination
@@ -73,6 +81,10 @@ class NativeIO:
     def gso(self) -> bool:
         """Whether sends still go as GSO runs (off after ``UDP_GSO_REFUSALS`` refusals)."""
         return self._sender.gso
+
+    @property
+    def drops(self) -> dict[int, int]:
+        return self._sender.drops
 
     def send(self, sock: socket.socket, datagrams: list, address: Address) -> tuple[int, int]:
         return self._sender.send_batch(_fileno(sock), datagrams, address[0], address[1])
@@ -98,6 +110,17 @@ class PythonIO:
 
     name = "python"
 
+    def __init__(self) -> None:
+        self._drops: dict[int, int] = {}
+
+    @property
+    def drops(self) -> dict[int, int]:
+        return dict(self._drops)
+
+    def _drop(self, error: int, count: int = 1) -> None:
+        """``count`` datagrams lost to errno ``error`` (udp_batch.c's drop)."""
+        self._drops[error] = self._drops.get(error, 0) + count
+
     def send(self, sock: socket.socket, datagrams: list, address: Address) -> tuple[int, int]:
         return self._send_all(sock, [(datagram, address) for datagram in datagrams])
 
@@ -109,15 +132,18 @@ class PythonIO:
         addresses = [(socket.inet_ntoa(d[:4]), int.from_bytes(d[4:], "big")) for d in destinations]
         return self._send_all(sock, list(zip(datagrams, addresses, strict=True)))
 
-    @staticmethod
-    def _send_all(sock: socket.socket, pairs: list[tuple[bytes | memoryview, Address]]) -> tuple[int, int]:
+    def _send_all(self, sock: socket.socket, pairs: list[tuple[bytes | memoryview, Address]]
+                  ) -> tuple[int, int]:
+        """udp_batch.c's one_by_one: each datagram on its own, a drop counted under its errno."""
         failed = 0
-        for datagram, address in pairs:
+        for at, (datagram, address) in enumerate(pairs):
             try:
                 sock.sendto(datagram, address)
             except OSError as error:
-                if not _drops(error):
+                if is_fatal(error):  # the socket is unusable: nothing after it leaves either
+                    self._drop(error.errno, len(pairs) - at)
                     raise
+                self._drop(error.errno)
                 failed += 1  # this datagram is lost, as in the native layer; the rest still leave
         return len(pairs) - failed, failed
 
@@ -128,7 +154,7 @@ class PythonIO:
             try:
                 received.append(sock.recvfrom_into(view[index * slot : (index + 1) * slot]))
             except OSError as error:
-                if not _drops(error):
+                if is_fatal(error):
                     raise
                 break
         return received

@@ -1,6 +1,6 @@
 /*
  * The one batched-UDP layer (see udp_batch.h for the contract). Python twin of the error rule:
- * lhc_ina/udp.py's _drops (the per-datagram fallback sends one sendto at a time and applies it there).
+ * lhc_ina/udp.py's is_fatal (the per-datagram fallback sends one sendto at a time and applies it there).
  */
 #include "udp_batch.h"
 
@@ -11,28 +11,23 @@
 
 #define CONTROL_BYTES CMSG_SPACE(sizeof(uint16_t))
 
-int udp_error_is_drop(int error) /* udp.py: _drops */
+#define AS_ERRNO(name) name,
+const int udp_fatal_errors[] = {UDP_FATAL_ERRORS(AS_ERRNO)};
+#undef AS_ERRNO
+const int udp_fatal_error_count = (int)(sizeof(udp_fatal_errors) / sizeof(udp_fatal_errors[0]));
+
+int udp_error_is_fatal(int error) /* udp.py: is_fatal */
 {
-    switch (error) {
-    case EAGAIN:
-#if EWOULDBLOCK != EAGAIN
-    case EWOULDBLOCK:
-#endif
-    case ENOBUFS:
-    case ENOMEM:
-    case ECONNREFUSED:
-    case EHOSTUNREACH:
-    case ENETUNREACH:
-    case EHOSTDOWN:
-    case ENETDOWN:
-    case EPERM:
-    case EACCES:
-    case EMSGSIZE:
-    case EADDRNOTAVAIL:
-        return 1;
-    default:
-        return 0;
-    }
+    for (int i = 0; i < udp_fatal_error_count; i++)
+        if (error == udp_fatal_errors[i])
+            return 1;
+    return 0;
+}
+
+void udp_sender_drop(UdpSender *s, int error, unsigned long long count) /* udp.py: PythonIO._drop */
+{
+    s->dropped += count;
+    s->dropped_by[error > 0 && error < UDP_ERRNO_SLOTS ? error : 0] += count;
 }
 
 static int gso_refused(int error)
@@ -50,12 +45,14 @@ void udp_sender_init(UdpSender *s, const UdpLimits *limits, int gso)
 int udp_runs_init(UdpRuns *r, int32_t capacity, int32_t slots)
 {
     memset(r, 0, sizeof(*r));
+    if (capacity < 1 || capacity > UDP_RUNS_CAPACITY_MAX)
+        return -2; /* checked before 2 * capacity is formed: it stays within int32 */
     int32_t smallest = 2;
     while (smallest < 2 * capacity)
         smallest *= 2;
     if (slots == 0)
         slots = smallest;
-    if (capacity < 1 || slots < smallest || (slots & (slots - 1)) != 0)
+    if (slots < smallest || (slots & (slots - 1)) != 0)
         return -2;
     r->capacity = capacity, r->slots = slots;
     r->shift = 64;
@@ -194,8 +191,9 @@ int32_t udp_runs_build(UdpRuns *r, const struct iovec *iov, const struct sockadd
     return messages;
 }
 
-/* Message m's datagrams from `from` on, one by one: 0 or the errno of an unusable socket. */
-static int one_by_one(UdpRuns *r, int fd, int32_t m, int32_t from, UdpSender *s)
+/* Message m's datagrams from `from` on, one by one: 0 or the fatal errno of an unusable socket; *sent_any
+ * says whether one left. Python twin: PythonIO._send_all, which sends every datagram so. */
+static int one_by_one(UdpRuns *r, int fd, int32_t m, int32_t from, UdpSender *s, int *sent_any)
 {
     struct msghdr single = r->messages[m].msg_hdr;
     single.msg_control = NULL;
@@ -209,12 +207,13 @@ static int one_by_one(UdpRuns *r, int fd, int32_t m, int32_t from, UdpSender *s)
         while (sent < 0 && errno == EINTR);
         if (sent >= 0) {
             s->sent++;
-        } else if (udp_error_is_drop(errno)) {
-            s->dropped++;
-        } else {
+            *sent_any = 1;
+        } else if (udp_error_is_fatal(errno)) {
             int error = errno;
-            s->dropped += (unsigned long long)(r->segments[m] - i);
+            udp_sender_drop(s, error, (unsigned long long)(r->segments[m] - i));
             return error;
+        } else {
+            udp_sender_drop(s, errno, 1);
         }
     }
     return 0;
@@ -223,7 +222,7 @@ static int one_by_one(UdpRuns *r, int fd, int32_t m, int32_t from, UdpSender *s)
 int udp_runs_send(UdpRuns *r, int fd, int32_t messages, UdpSender *s)
 {
     int32_t next = 0;
-    int error = 0;
+    int error = 0, sent_any = 0;
     while (next < messages) {
         int accepted = sendmmsg(fd, &r->messages[next], (unsigned int)(messages - next), MSG_DONTWAIT);
         if (accepted > 0) {
@@ -235,21 +234,23 @@ int udp_runs_send(UdpRuns *r, int fd, int32_t messages, UdpSender *s)
         if (accepted < 0 && errno == EINTR)
             continue;
         int failure = accepted < 0 ? errno : EIO; /* 0 accepted with nothing wrong: the kernel's EIO */
-        if (r->segments[next] > 1 && gso_refused(failure)) {
-            if (++s->refusals >= s->limits.refusals_max)
+        if (udp_error_is_fatal(failure)) {
+            error = failure;
+        } else if (r->segments[next] > 1 && gso_refused(failure)) {
+            /* GSO's fault only if a datagram of the run leaves on its own; else its destination's */
+            sent_any = 0;
+            error = one_by_one(r, fd, next++, 0, s, &sent_any);
+            if (sent_any && ++s->refusals >= s->limits.refusals_max)
                 s->gso = 0;
-            error = one_by_one(r, fd, next++, 0, s);
-        } else if (udp_error_is_drop(failure)) {
+        } else {
             /* as one message per datagram would: the first is lost, the rest of the run still tries
                (the error may have been an earlier datagram's, reported once) */
-            s->dropped++;
-            error = one_by_one(r, fd, next++, 1, s);
-        } else {
-            error = failure;
+            udp_sender_drop(s, failure, 1);
+            error = one_by_one(r, fd, next++, 1, s, &sent_any);
         }
         if (error) {
             for (; next < messages; next++)
-                s->dropped += (unsigned long long)r->segments[next];
+                udp_sender_drop(s, error, (unsigned long long)r->segments[next]);
             return error;
         }
     }
@@ -265,7 +266,7 @@ int udp_receive(int fd, struct mmsghdr *messages, unsigned int n, int *error)
     *error = 0;
     if (received >= 0)
         return received;
-    if (udp_error_is_drop(errno))
+    if (!udp_error_is_fatal(errno))
         return 0;
     *error = errno;
     return -1;

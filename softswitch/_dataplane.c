@@ -27,7 +27,10 @@
  */
 #include "dataplane.h"
 
+#include <errno.h>
 #include <structmember.h>
+
+#include "../lhc_ina/udp_python.h"
 #include <string.h>
 
 static int parse_layout(PyObject *dict, Layout *L)
@@ -240,10 +243,19 @@ static PyObject *dataplane_burst(Dataplane *e, PyObject *arg)
     return PyLong_FromSsize_t(processed);
 }
 
+/* Python twin: DataPlane._flush_ports (softswitch/receive_loop.py). */
 static PyObject *dataplane_flush(Dataplane *e, PyObject *Py_UNUSED(ignored))
 {
-    if (ready(e) < 0 || flush_all(e) < 0)
+    if (ready(e) < 0)
         return NULL;
+    int error = flush_all(e);
+    if (e->pending_error) /* the first error of the burst: a flush within it met it */
+        error = e->pending_error;
+    e->pending_error = 0;
+    if (error) {
+        errno = error;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
     Py_RETURN_NONE;
 }
 
@@ -270,8 +282,9 @@ static PyObject *dataplane_port_counters(Dataplane *e, PyObject *Py_UNUSED(ignor
     for (Py_ssize_t i = 0; out != NULL && i < e->n_ports; i++) {
         Port *p = &e->ports[i];
         PyObject *key = PyLong_FromLong(p->number);
-        PyObject *value = Py_BuildValue("{sKsKsK}", "frames_in", p->frames_in, "dropped_non_udp",
-                                        p->dropped_non_udp, "send_errors", p->sender.dropped);
+        PyObject *value = Py_BuildValue("{sKsKsKsN}", "frames_in", p->frames_in, "dropped_non_udp",
+                                        p->dropped_non_udp, "send_errors", p->sender.dropped,
+                                        "send_errors_by_errno", udp_drops_by_errno(&p->sender));
         if (key == NULL || value == NULL || PyDict_SetItem(out, key, value) < 0)
             Py_CLEAR(out);
         Py_XDECREF(key);
@@ -292,7 +305,7 @@ static PyMethodDef dataplane_methods[] = {
     {"set_capture", (PyCFunction)dataplane_set_capture, METH_VARARGS,
      "set_capture(records, inbound, outbound): burst appends (direction, port, frame) per frame in and out"},
     {"port_counters", (PyCFunction)dataplane_port_counters, METH_NOARGS,
-     "port_counters() -> {port: {frames_in, dropped_non_udp, send_errors}}"},
+     "port_counters() -> {port: {frames_in, dropped_non_udp, send_errors, send_errors_by_errno}}"},
     {NULL, NULL, 0, NULL},
 };
 

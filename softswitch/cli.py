@@ -13,8 +13,10 @@ with how P4Runtime is served (``plaintext``, ``tls`` with ``--tls-cert``/``--tls
 ``--tls-ca`` too: only controllers whose certificate it signed get in), the ports actually bound
 (``--grpc-addr 127.0.0.1:0`` picks a free port; a UDP port 0 the first free one of the lhc range, and a UDP
 port outside that range is refused) and the pipeline that runs (native by default where
-softswitch/_dataplane.c was built, python otherwise). Harnesses wait for it. Logs go to stderr. If the
-data plane's thread dies, the process logs it and exits with status 1.
+softswitch/_dataplane.c was built, python otherwise). Harnesses wait for it. Logs go to stderr; when it
+stops, at INFO, the frames and errors in all and a line per port with its counters (``describe_counters``:
+among them the datagrams its socket refused, per errno name). If the data plane's thread dies, the process
+logs it and exits with status 1.
 
 ``--pcap FILE`` records every frame the data plane receives and sends, on every port, as pcapng
 (``softswitch.capture``; read it with Wireshark and ``wireshark/lhc.lua``, docs/testing.md).
@@ -41,6 +43,14 @@ from softswitch.server import P4RuntimeService, start_server
 log = logging.getLogger("softswitch")
 
 READY = "lhc-softswitch ready:"
+
+
+def describe_counters(counters: dict) -> str:
+    """A port's counters as one log line's words: ``frames_in=12 dropped_non_udp=0 send_errors=3
+    send_errors_by_errno=EINVAL:3`` (``-`` when none)."""
+    by_errno = ",".join(f"{name}:{count}" for name, count in counters["send_errors_by_errno"].items()) or "-"
+    return (f"frames_in={counters['frames_in']} dropped_non_udp={counters['dropped_non_udp']} "
+            f"send_errors={counters['send_errors']} send_errors_by_errno={by_errno}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     log.info("stopping: %d frames received, %d raised, %d socket errors", dataplane.frames_in,
              dataplane.errors, dataplane.socket_errors)
+    for number, counters in sorted(dataplane.port_counters().items()):
+        log.info("port %d counters: %s", number, describe_counters(counters))
     server.stop(grace=1).wait()
     dataplane.stop()
     if capture is not None:

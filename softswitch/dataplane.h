@@ -68,7 +68,7 @@ typedef struct {
     struct iovec *iov;
     struct sockaddr_in *destinations; /* UDP: datagram i goes to destinations[i] */
     Py_ssize_t queued;
-    UdpSender sender; /* GSO state and the sent / dropped counts (dropped: send_errors) */
+    UdpSender sender; /* GSO state and the sent / dropped counts (dropped: send_errors, per errno too) */
     unsigned long long frames_in, dropped_non_udp;
 } Port;
 
@@ -98,6 +98,7 @@ typedef struct {
     Py_ssize_t n_ports;
     int16_t *port_index; /* switch port number -> index in ports, -1 when nothing is attached */
     UdpRuns runs; /* lhc_ina/udp_batch.c's scratch for one port's flush, shared by the ports */
+    int pending_error; /* the fatal errno a flush within a burst met (flush() raises it), 0 if none */
     unsigned long long errors;
     PyObject *capture;            /* a list while --pcap captures (NULL otherwise): see capture_frame */
     long capture_in, capture_out; /* the direction codes its records carry (softswitch/capture.py) */
@@ -140,6 +141,8 @@ int io_setup(Dataplane *e);
 void io_free(Dataplane *e);
 int port_attach(Dataplane *e, int number, int fd, int kind, const uint8_t *template);
 Py_ssize_t burst_receive(Dataplane *e, Port *port, int *error);
+/* Every port's queue out; 0, or the first fatal errno a port's socket gave (no exception set: the caller
+ * raises it, or keeps it in pending_error while a burst goes on). */
 int flush_all(Dataplane *e);
 /* While capturing: append (direction, port, frame bytes) to e->capture; -1 with an exception if it fails. */
 int capture_frame(Dataplane *e, long direction, long port, const uint8_t *frame, Py_ssize_t length);

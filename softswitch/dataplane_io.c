@@ -8,8 +8,10 @@
  * - Raw (AF_PACKET): frames as they are; PACKET_OUTGOING frames (our own output) are skipped.
  *
  * Sends and receives go through lhc_ina/udp_batch.c, the one batched-UDP layer: a UDP port's queue leaves
- * as UDP GSO runs per destination where the kernel takes them; a datagram the kernel refuses is lost and
- * counted (as on a full link); only an unusable socket raises.
+ * as UDP GSO runs per destination where the kernel takes them; a datagram the kernel refuses (on a UDP or
+ * a raw port alike: EINVAL for an address the socket may not send to, ENXIO for an interface gone) is
+ * lost and counted under its errno, and the rest of the queue still leaves; only an errno of the socket's
+ * own (udp_batch.h's UDP_FATAL_ERRORS) raises, from flush(), after every port's queue was tried.
  */
 #define _GNU_SOURCE
 #include "dataplane.h"
@@ -110,7 +112,8 @@ static int flush_port(Dataplane *e, Port *p)
     return udp_runs_send(&e->runs, p->fd, messages, &p->sender);
 }
 
-/* Send every port's queue (the GIL released: the kernel's work lets the P4Runtime threads run). */
+/* Send every port's queue (the GIL released: the kernel's work lets the P4Runtime threads run). Python
+ * twin: DataPlane._flush_ports (softswitch/receive_loop.py). */
 int flush_all(Dataplane *e)
 {
     int error = 0, first_error = 0;
@@ -123,12 +126,7 @@ int flush_all(Dataplane *e)
     }
     Py_END_ALLOW_THREADS
     e->arena_used = 0;
-    if (first_error) {
-        errno = first_error;
-        PyErr_SetFromErrno(PyExc_OSError);
-        return -1;
-    }
-    return 0;
+    return first_error;
 }
 
 /* Python twin: DataPlane._burst_python's and DataPlane.emit's records (softswitch/receive_loop.py). */
@@ -140,7 +138,8 @@ int capture_frame(Dataplane *e, long direction, long port, const uint8_t *frame,
     return status;
 }
 
-/* A copy leaving the pipeline: into the inject list, or queued on its port (dropped if none). */
+/* A copy leaving the pipeline: into the inject list, or queued on its port (dropped if none). Python twin:
+ * DataPlane.emit and UdpPort.send / RawPort.send. */
 int emit_frame(Dataplane *e, Sink *sink, long port, const uint8_t *frame, Py_ssize_t length)
 {
     const Layout *L = &e->L;
@@ -167,8 +166,11 @@ int emit_frame(Dataplane *e, Sink *sink, long port, const uint8_t *frame, Py_ssi
     if (e->capture != NULL && capture_frame(e, e->capture_out, port, frame, length) < 0)
         return -1;
     if (p->queued == e->queue_capacity || e->arena_used + size > e->arena_size) {
-        if (flush_all(e) < 0)
-            return -1;
+        /* a socket's error here is the port's, not this frame's: it is kept for flush() to raise, and
+           the frame (and its other replicas) still go on */
+        int error = flush_all(e);
+        if (error && !e->pending_error)
+            e->pending_error = error;
     }
     uint8_t *copy = e->arena + e->arena_used;
     memcpy(copy, data, (size_t)size);

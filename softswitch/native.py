@@ -17,6 +17,7 @@ from types import ModuleType
 
 from lhc_ina import constants as c
 from lhc_ina import wire
+from lhc_ina.udp import errno_names
 from softswitch import capture, program
 from softswitch.pipeline import DROP_PORT, RX_BYTES, Pipeline
 from softswitch.ports import MAX_PORT, Port, RawPort, UdpPort
@@ -156,7 +157,11 @@ class NativePipeline:
     def last_error(self) -> BaseException | None:
         return self.engine.last_error
 
-    def port_counters(self) -> dict[int, dict[str, int]]:
+    def port_counters(self) -> dict[int, dict]:
         """Per port: frames received, frames dropped because they could not leave a UDP port, datagrams
-        the kernel refused."""
-        return self.engine.port_counters()
+        the kernel refused, and those again per errno name (``{"EINVAL": 3}``): the shape of
+        ``DataPlane.port_counters`` for either pipeline."""
+        counters = self.engine.port_counters()
+        for port in counters.values():
+            port["send_errors_by_errno"] = errno_names(port["send_errors_by_errno"])
+        return counters

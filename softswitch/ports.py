@@ -29,7 +29,7 @@ import struct
 from dataclasses import dataclass
 
 from lhc_ina import constants as c
-from lhc_ina.udp import batch_io
+from lhc_ina.udp import batch_io, errno_names, is_fatal
 from lhc_ina.wire import (
     ETH_SRC,
     ETH_TYPE,
@@ -176,7 +176,6 @@ class UdpPort:
         self._queued: list[bytes] = []  # datagrams to send at the next flush, in order
         self._destinations: list[bytes] = []  # theirs: IPv4 address and UDP port, as in the headers
         self.dropped_non_udp = 0
-        self.send_errors = 0
 
     @staticmethod
     def _frame_template(local: bytes, udp_port: int) -> bytes:
@@ -234,19 +233,26 @@ class UdpPort:
         self._destinations.append(bytes(frame[IP_DST]) + bytes(frame[UDP_DPORT]))
         return True
 
+    @property
+    def send_errors_by_errno(self) -> dict[str, int]:
+        """Datagrams the kernel refused, per errno name (``{"EINVAL": 3}``)."""
+        return errno_names(self._io.drops)
+
+    @property
+    def send_errors(self) -> int:
+        """Datagrams the kernel refused (a full buffer, an address this socket may not send to, ...)."""
+        return sum(self._io.drops.values())
+
     def flush(self) -> None:
-        """Send the queued datagrams, in order; one the kernel refuses (a full socket buffer, an
-        unreachable address) is lost and counted, as on a full link."""
+        """Send the queued datagrams, in order; one the kernel refuses (a full socket buffer, an address
+        this socket may not send to) is lost and counted under its errno, as on a full link, and the rest
+        still leave. Raises OSError only when the socket itself is unusable (``lhc_ina.udp.is_fatal``):
+        what had not left is then counted too."""
         if not self._queued:
             return
         queued, destinations = self._queued, self._destinations
         self._queued, self._destinations = [], []
-        try:
-            _, failed = self._io.send_each(self.sock, queued, destinations)
-        except OSError as exc:  # only an unusable socket raises: nothing queued could leave
-            failed = len(queued)
-            log.warning("port %d: sending %d datagrams failed: %s", self.number, failed, exc)
-        self.send_errors += failed
+        self._io.send_each(self.sock, queued, destinations)
 
     def close(self) -> None:
         self.sock.close()
@@ -277,7 +283,9 @@ class RawPort:
             raise PortSpecError(f"port {spec.describe()}: {exc.strerror or exc}") from None
         self.sock.setblocking(False)
         self._rx = memoryview(rx)
-        self.send_errors = 0
+        self._drops: dict[int, int] = {}
+        self._fatal: OSError | None = None  # the socket's own error, raised by the next flush
+        self.dropped_non_udp = 0  # never counted: any frame may leave a raw port (for counters' one shape)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -292,16 +300,32 @@ class RawPort:
         return 0 if address[2] == _PACKET_OUTGOING else size
 
     def send(self, frame: memoryview) -> bool:
-        """Send the frame now; True: it was handed to the socket (a refused send is counted, as lost)."""
+        """Send the frame now; True: it was handed to the socket. A refused send (ENXIO when the
+        interface went away, a full buffer) is lost and counted under its errno, and later frames still
+        try; an error of the socket's own is also kept for ``flush`` to raise, as the native flush does."""
         try:
             self.sock.send(frame)
         except OSError as exc:
-            self.send_errors += 1
+            self._drops[exc.errno] = self._drops.get(exc.errno, 0) + 1
+            if is_fatal(exc) and self._fatal is None:
+                self._fatal = exc
             log.debug("port %d: send failed: %s", self.number, exc)
         return True
 
+    @property
+    def send_errors_by_errno(self) -> dict[str, int]:
+        return errno_names(self._drops)
+
+    @property
+    def send_errors(self) -> int:
+        return sum(self._drops.values())
+
     def flush(self) -> None:
-        """Nothing is queued: a raw port sends each frame as it leaves (a veth's frames are few)."""
+        """Nothing is queued (a raw port sends each frame as it leaves: a veth's frames are few); raises
+        the socket's own error if a send of this burst met one."""
+        fatal, self._fatal = self._fatal, None
+        if fatal is not None:
+            raise fatal
 
     def close(self) -> None:
         self.sock.close()

@@ -15,9 +15,13 @@ With a capture (``softswitch.capture``, ``lhc-softswitch --pcap``), every frame 
 every frame it hands to a port is recorded, written when the burst ends; the native engine collects its
 burst's frames only while a capture is set.
 
-A socket error on a port (an OSError from a receive or a send) is counted and logged, and the loop goes
-on. If the loop dies anyway, ``on_failure`` is called after a critical log line: the process must end
-rather than keep a P4Runtime server answering for a switch that no longer forwards.
+A datagram a port's socket refuses (EINVAL for an address it may not send to, a full buffer, ENXIO for
+an interface gone: anything but the socket's own faults, ``lhc_ina.udp.is_fatal``) is lost alone and
+counted in that port's ``send_errors`` and ``send_errors_by_errno`` (``port_counters``), on both
+pipelines; every other frame of the burst still leaves. A socket error on a port (an OSError from a
+receive, or from a flush whose socket is unusable) is counted and logged, and the loop goes on. If the
+loop dies anyway, ``on_failure`` is called after a critical log line: the process must end rather than
+keep a P4Runtime server answering for a switch that no longer forwards.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class DataPlane:
         self.errors = 0  # frames that raised in the pipeline
         self.socket_errors = 0  # OSErrors from a port's receive or send
         self.failed: BaseException | None = None
-        self._python_frames = 0
+        self._python_frames = {number: 0 for number in self.ports}
         self._native_errors = 0
         self._logged_at: dict[int, float] = {}
         self._wake_r, self._wake_w = os.pipe()
@@ -83,9 +87,17 @@ class DataPlane:
     @property
     def frames_in(self) -> int:
         """Frames received and run through the pipeline, on every port."""
-        if self.native is None:
-            return self._python_frames
-        return sum(counters["frames_in"] for counters in self.native.port_counters().values())
+        return sum(counters["frames_in"] for counters in self.port_counters().values())
+
+    def port_counters(self) -> dict[int, dict]:
+        """Per port, the same on both pipelines: ``frames_in``, ``dropped_non_udp`` (frames that could not
+        leave a UDP port), ``send_errors`` (datagrams its socket refused) and ``send_errors_by_errno``
+        (those per errno name, e.g. ``{"EINVAL": 3}``: whose destination lost them)."""
+        if self.native is not None:
+            return self.native.port_counters()
+        return {number: {"frames_in": self._python_frames[number], "dropped_non_udp": port.dropped_non_udp,
+                         "send_errors": port.send_errors, "send_errors_by_errno": port.send_errors_by_errno}
+                for number, port in self.ports.items()}
 
     def emit(self, port: int, frame: memoryview) -> None:
         """Send a frame out of ``port``; a port with nothing attached drops it, as on BMv2."""
@@ -113,7 +125,7 @@ class DataPlane:
                     if length < 0:
                         break
                     if length:
-                        self._python_frames += 1
+                        self._python_frames[number] += 1
                         if captured is not None:  # before process(), which rewrites the frame in place
                             captured.append((INBOUND, number, bytes(self.pipeline.rx[:length])))
                         try:
@@ -122,11 +134,24 @@ class DataPlane:
                             self.errors += 1
                             log.exception("port %d: a frame of %d bytes raised; dropped", number, length)
         finally:
-            for sending in self._sending:
-                sending.flush()
-            self._sending.clear()
-            if captured is not None:
-                self._write_captured(began_us)
+            try:
+                self._flush_ports()
+            finally:
+                if captured is not None:
+                    self._write_captured(began_us)
+
+    def _flush_ports(self) -> None:
+        """Every port this burst sent on flushes, in the order the ports were given (the native engine's),
+        even after one's socket raised; then the first such error is raised (dataplane_io.c's flush_all)."""
+        sending, self._sending = [port for port in self.ports.values() if port in self._sending], set()
+        first: OSError | None = None
+        for port in sending:
+            try:
+                port.flush()
+            except OSError as error:
+                first = first or error
+        if first is not None:
+            raise first
 
     def _burst_native(self, port: Port) -> None:
         native = self.native

@@ -12,6 +12,8 @@ address or port) and a spine's members, the leaves.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import re
 import select
 import socket
@@ -39,10 +41,13 @@ from lhc_launch.switch_job import (
     table_entry,
     update,
 )
+from ptf_tests import veth as veth_pairs
 from softswitch.entity_store import Entities
 from softswitch.native import NativePipeline, layout, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.ports import PortSpec, UdpPort
+from tests.harness.dataplane_fault_trials import UDP_ERRORS
+from tests.harness.socket_faults import build_shim, run_with_faults
 from tests.harness.switch_jobs import broken_job_updates, loopback_job, loopback_sockets, position
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native pipeline is not built")
@@ -377,7 +382,7 @@ def test_udp_bursts_match_the_python_port_and_pipeline():
             processed += got
         assert twins.state_differs() == []
         assert twins.native.port_counters()[1] == {"frames_in": len(datagrams), "dropped_non_udp": 0,
-                                                   "send_errors": 0}
+                                                   "send_errors": 0, "send_errors_by_errno": {}}
         repeats = [rank for i, (rank, _) in enumerate(datagrams) if i % 5 == 3]  # each answered by a RETX
         for rank, (python_rank, native_rank) in enumerate(zip(*ranks, strict=True)):
             count = 24 + repeats.count(rank)  # a RESULT per round, and its own repeats' RESULT_RETX
@@ -395,3 +400,63 @@ def test_the_layout_gives_the_c_code_exactly_the_numbers_it_names():
     block = header[header.index("#define LAYOUT_FIELDS(X)") : header.index("typedef struct {")]
     named = set(re.findall(r"X\((\w+)\)", block))
     assert set(layout(Pipeline(INDEX), 64)) == named
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_shim(tmp_path_factory.mktemp("socket-faults"))
+
+
+def _fault_trials(shim: Path, *args: str) -> dict:
+    """tests/harness/dataplane_fault_trials.py under the socket-fault shim: the native pipeline's outcome,
+    checked equal to the Python pipeline's over lhc_ina._udp and over PythonIO (counters per port and
+    errno, frames that raised, socket errors, every receiver's results and their bytes)."""
+    runs = run_with_faults(shim, "tests.harness.dataplane_fault_trials", *args)
+    for pipeline in ("python", "python-io"):
+        assert runs[pipeline] == runs["native"], f"{pipeline} differs from native"
+    return runs["native"]
+
+
+def _check_destination_faults(run: dict, raw: bool) -> None:
+    rounds = 150
+    by_errno = {errno.errorcode[e]: rounds for e in UDP_ERRORS}
+    assert run["counters"]["1"] == {"frames_in": 2 * rounds, "dropped_non_udp": 0,
+                                    "send_errors": len(UDP_ERRORS) * rounds, "send_errors_by_errno": by_errno}
+    assert (run["errors"], run["socket_errors"]) == (0, 0)
+    roles = ["A0", "B0", "B1", "B2"] + (["raw"] if raw else [])
+    assert {role: got["count"] for role, got in run["delivered"].items()} == dict.fromkeys(roles, rounds)
+    if raw:
+        assert run["counters"]["2"] == {"frames_in": 0, "dropped_non_udp": 0, "send_errors": rounds,
+                                        "send_errors_by_errno": {"ENXIO": rounds}}
+
+
+def test_per_destination_socket_errors_cost_only_their_datagrams_on_both_pipelines(shim):
+    """Issue 39: job A's replicas meet EINVAL, EMSGSIZE, ENOBUFS, ECONNREFUSED, EAGAIN, EACCES, EPERM and
+    EHOSTUNREACH, while job B shares the UDP port and the native bursts overflow its send queue (a flush
+    within the burst): every other result reaches its rank on both pipelines, nothing counts as a broken
+    table entry or a socket error, and each errno's drops are counted on the port by name."""
+    _check_destination_faults(_fault_trials(shim, "destinations"), raw=False)
+
+
+@pytest.mark.root
+def test_an_interface_gone_from_under_a_raw_port_costs_only_its_frames(shim):
+    """The same with port 2 a raw (AF_PACKET) port on a veth: the frames of one rank there fail with
+    ENXIO, as when an interface goes away; the other rank behind it still gets every result (read on the
+    pair's other end), on both pipelines (the native flush used to stop at the first ENXIO)."""
+    pairs = veth_pairs.pair_names(range(1), prefix=f"sf{os.getpid() % 10000}")
+    veth_pairs.create(pairs)
+    try:
+        run = _fault_trials(shim, "destinations", "--raw", pairs[0].switch_end, "--sniff", pairs[0].ptf_end)
+    finally:
+        veth_pairs.delete(pairs)
+    _check_destination_faults(run, raw=True)
+
+
+def test_a_socket_failing_for_good_within_a_burst_is_a_socket_error_not_a_broken_entry(shim):
+    """A port's socket fails for good (EBADF) in the flush the native engine makes when its queue fills
+    mid-burst: both pipelines count every copy of the burst as lost under EBADF (none of the frame's other
+    replicas is skipped) and raise one socket error; no frame counts as a broken table entry."""
+    run = _fault_trials(shim, "fatal")
+    assert run["counters"]["1"] == {"frames_in": 64, "dropped_non_udp": 0, "send_errors": 64 * 20,
+                                    "send_errors_by_errno": {"EBADF": 64 * 20}}
+    assert (run["errors"], run["socket_errors"]) == (0, 1)

@@ -349,3 +349,34 @@ def test_a_rack_of_32_workers_aggregates_exactly(switch):
     assert switch.counters()[1, c.Stat.RESULT] == 40
     for sock in socks:
         sock.close()
+
+
+def test_a_tenants_unroutable_replica_costs_none_of_another_tenants_results(switch):
+    """Issue 39: job A has a result replica at 10.9.9.9, which the switch's port (bound to a loopback
+    address) cannot send to: the kernel answers EINVAL. Job B shares the port. All of both jobs' DATA is
+    in flight at once, so A's refused copies share flushes (and GSO runs) with B's results: B loses none,
+    A's reachable rank gets every result, and the switch counts A's losses as EINVAL drops of port 1."""
+    a_socks, a_workers = worker_sockets(1)
+    unroutable = WorkerEndpoint(1, "10.9.9.9", 40000, "02:00:00:00:00:02", 1)
+    job_a = make_job(7, 1, [*a_workers, unroutable], slot_count=16, epoch=2, fan_in=1)
+    b_socks, b_workers = worker_sockets(2)
+    job_b = make_job(8, 2, b_workers, slot_base=16, slot_count=16, epoch=5)
+    for job in (job_a, job_b):
+        switch.stub.Write(p4v1.WriteRequest(device_id=1, updates=job_updates(INDEX, job)))
+    rounds = 80
+    words = np.arange(c.LANES, dtype=np.uint32)
+    for p in range(rounds):
+        a_socks[0].sendto(data_packet(job_a, 0, words, **position(job_a, p)), switch.address)
+        for rank, sock in enumerate(b_socks):
+            sock.sendto(data_packet(job_b, rank, words, **position(job_b, p)), switch.address)
+    for sock in (*a_socks, *b_socks):
+        seqs = [wire.unpack_packet(sock.recvfrom(2048)[0])[0].seq for _ in range(rounds)]
+        assert seqs == [position(job_b, p)["seq"] for p in range(rounds)]
+    assert switch.counters()[1, c.Stat.RESULT] == rounds and switch.counters()[2, c.Stat.RESULT] == rounds
+    code, err = switch.stop()
+    assert code == 0, err
+    assert f"port 1 counters: frames_in={3 * rounds} dropped_non_udp=0 send_errors={rounds} " \
+           f"send_errors_by_errno=EINVAL:{rounds}" in err, err
+    assert "raised, 0 socket errors" in err and "socket error (" not in err  # nothing raised: a drop alone
+    for sock in (*a_socks, *b_socks):
+        sock.close()

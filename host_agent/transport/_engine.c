@@ -33,6 +33,16 @@
 
 #include "engine.h"
 
+/* Whether a call may change the engine now: not while a pump of another thread works on its buffers, core
+ * and scratch without the GIL (as _udp.Sender's take_sender); else RuntimeError. No Python twin: the
+ * reference engine changes its state only with the GIL held. */
+static int idle(PacketEngine *e)
+{
+    if (e->busy)
+        PyErr_SetString(PyExc_RuntimeError, "this PacketEngine is in use by another thread's pump (one call at a "
+                        "time)");
+    return !e->busy;
+}
 
 static int PacketEngine_init(PacketEngine *e, PyObject *args, PyObject *kwargs)
 {
@@ -42,6 +52,8 @@ static int PacketEngine_init(PacketEngine *e, PyObject *args, PyObject *kwargs)
     unsigned long long seed;
     double timeout_s;
     int gso = 1;
+    if (!idle(e))
+        return -1;
     e->loss_burst = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iIIIIIdddK|pL", names, &e->fd, &job_id, &rank, &epoch,
                                      &slot_count, &world_size, &timeout_s, &e->loss, &e->duplicate, &seed,
@@ -52,9 +64,12 @@ static int PacketEngine_init(PacketEngine *e, PyObject *args, PyObject *kwargs)
         return -1;
     }
     unsigned most = (unsigned)engine_constants.max_workers;
-    if (slot_count < 1 || world_size < 1 || world_size > most || e->loss_burst < 1) {
-        PyErr_Format(PyExc_ValueError, "slot_count %u, world_size %u (1..%u) and loss_burst %lld (>= 1) are not "
-                     "all valid", slot_count, world_size, most, e->loss_burst);
+    /* a send holds every packet of the window and one more, each possibly doubled by the impairment: that
+       count, 2 * (slot_count + 1), must fit one udp_batch.c flush (checked here, before it is formed) */
+    unsigned slots_max = UDP_RUNS_CAPACITY_MAX / 2 - 1;
+    if (slot_count < 1 || slot_count > slots_max || world_size < 1 || world_size > most || e->loss_burst < 1) {
+        PyErr_Format(PyExc_ValueError, "slot_count %u (1..%u: a window one send holds), world_size %u (1..%u) and "
+                     "loss_burst %lld (>= 1) are not all valid", slot_count, slots_max, world_size, most, e->loss_burst);
         return -1;
     }
     e->rng = seed;
@@ -65,9 +80,9 @@ static int PacketEngine_init(PacketEngine *e, PyObject *args, PyObject *kwargs)
     udp_sender_init(&e->sender, &limits, gso);
     free(e->tx_iov);
     udp_runs_free(&e->runs);
-    /* every packet of the window and one more, each possibly doubled by the impairment */
-    e->tx_iov = calloc(2 * (slot_count + 1), sizeof(*e->tx_iov));
-    if (e->tx_iov == NULL || udp_runs_init(&e->runs, (int32_t)(2 * (slot_count + 1)), 0) < 0 ||
+    int32_t sends_max = 2 * ((int32_t)slot_count + 1);
+    e->tx_iov = calloc((size_t)sends_max, sizeof(*e->tx_iov));
+    if (e->tx_iov == NULL || udp_runs_init(&e->runs, sends_max, 0) < 0 ||
         core_init(&e->core, job_id, rank, epoch, slot_count, world_size) < 0) {
         PyErr_NoMemory();
         return -1;
@@ -109,7 +124,7 @@ static PyObject *PacketEngine_set_switch(PacketEngine *e, PyObject *args)
 {
     const char *host;
     int port;
-    if (!PyArg_ParseTuple(args, "si", &host, &port) || parse_address(host, port, &e->core.sw) < 0)
+    if (!idle(e) || !PyArg_ParseTuple(args, "si", &host, &port) || parse_address(host, port, &e->core.sw) < 0)
         return NULL;
     e->core.have_switch = 1;
     Py_RETURN_NONE;
@@ -119,7 +134,7 @@ static PyObject *PacketEngine_add(PacketEngine *e, PyObject *args)
 {
     long long ident, first;
     PyObject *raw, *result;
-    if (!PyArg_ParseTuple(args, "LLOO", &ident, &first, &raw, &result))
+    if (!idle(e) || !PyArg_ParseTuple(args, "LLOO", &ident, &first, &raw, &result))
         return NULL;
     Segment s = {.ident = ident, .first = first, .started = -1.0};
     if (PyObject_GetBuffer(raw, &s.raw, PyBUF_SIMPLE) < 0)
@@ -149,7 +164,7 @@ static PyObject *PacketEngine_add(PacketEngine *e, PyObject *args)
 static PyObject *PacketEngine_restart(PacketEngine *e, PyObject *args)
 {
     unsigned epoch;
-    if (!PyArg_ParseTuple(args, "I", &epoch))
+    if (!idle(e) || !PyArg_ParseTuple(args, "I", &epoch))
         return NULL;
     core_restart(&e->core, epoch);
     Py_RETURN_NONE;
@@ -175,7 +190,7 @@ static PyObject *PacketEngine_step(PacketEngine *e, PyObject *args)
     double now;
     PyObject *datagrams;
     int recover = 1;
-    if (!PyArg_ParseTuple(args, "dO!|p", &now, &PyList_Type, &datagrams, &recover))
+    if (!idle(e) || !PyArg_ParseTuple(args, "dO!|p", &now, &PyList_Type, &datagrams, &recover))
         return NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(datagrams); i++) {
         const char *host;
@@ -212,36 +227,15 @@ fail:
     return NULL;
 }
 
-/* The OSError for the errno that made the engine's socket unusable (it stays unusable: every later pump
- * raises it again). */
-static PyObject *socket_error(PacketEngine *e)
-{
-    PyObject *args = Py_BuildValue("(iss)", e->error, strerror(e->error), "the packet engine's socket");
-    if (args != NULL) {
-        PyErr_SetObject(PyExc_OSError, args); /* OSError(errno, strerror, what): its subclass, errno set */
-        Py_DECREF(args);
-    }
-    return NULL;
-}
-
 /*
  * One turn of the stream's I/O loop: take the results already waiting (a process that was off the CPU
  * must not fire timers for packets whose results sit unread in its socket), decide and send what is due,
  * sleep until a result, a wake-up on wake_fd or the next timer (at most max_wait s), and take results
- * again. Returns the segments completed.
+ * again. Returns the segments completed. Python twin: engine_io.py's ChannelEngine.pump (PacketEngine_pump
+ * below only guards it).
  */
-static PyObject *PacketEngine_pump(PacketEngine *e, PyObject *args)
+static PyObject *pump_turn(PacketEngine *e, int wake_fd, double max_wait)
 {
-    int wake_fd;
-    double max_wait;
-    if (!PyArg_ParseTuple(args, "id", &wake_fd, &max_wait))
-        return NULL;
-    if (!e->core.have_switch) {
-        PyErr_SetString(PyExc_RuntimeError, "pump() before set_switch()");
-        return NULL;
-    }
-    if (e->error)
-        return socket_error(e);
     PyObject *completed = PyList_New(0);
     if (completed == NULL)
         return NULL;
@@ -272,6 +266,24 @@ static PyObject *PacketEngine_pump(PacketEngine *e, PyObject *args)
         Py_DECREF(completed);
         return NULL;
     }
+    return completed;
+}
+
+static PyObject *PacketEngine_pump(PacketEngine *e, PyObject *args)
+{
+    int wake_fd;
+    double max_wait;
+    if (!idle(e) || !PyArg_ParseTuple(args, "id", &wake_fd, &max_wait))
+        return NULL;
+    if (!e->core.have_switch) {
+        PyErr_SetString(PyExc_RuntimeError, "pump() before set_switch()");
+        return NULL;
+    }
+    if (e->error)
+        return socket_error(e);
+    e->busy = 1;
+    PyObject *completed = pump_turn(e, wake_fd, max_wait);
+    e->busy = 0;
     return completed;
 }
 

@@ -25,6 +25,7 @@ typedef struct {
     Core core;
     int fd;
     int error; /* the errno that made the socket unusable (pump raises it), 0 while it works */
+    int busy;  /* while a pump runs (the GIL released in it): every call that changes the engine refuses */
     double loss, duplicate;
     long long loss_burst;
     LossRun run_out, run_in;
@@ -44,6 +45,8 @@ typedef struct {
 
 
 double monotonic_now(void);
+/* The OSError for e->error (the socket stays unusable: every later pump raises it again); NULL. */
+PyObject *socket_error(PacketEngine *e);
 /* Send what the core queued (c->out), impaired per datagram, as GSO runs where the kernel takes them; an
  * unusable socket sets e->error. */
 void send_out(PacketEngine *e);

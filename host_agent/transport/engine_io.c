@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <math.h>
 #include <poll.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,6 +26,16 @@ double monotonic_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+PyObject *socket_error(PacketEngine *e)
+{
+    PyObject *args = Py_BuildValue("(iss)", e->error, strerror(e->error), "the packet engine's socket");
+    if (args != NULL) {
+        PyErr_SetObject(PyExc_OSError, args); /* OSError(errno, strerror, what): its subclass, errno set */
+        Py_DECREF(args);
+    }
+    return NULL;
 }
 
 /* Whether the next datagram one way is lost: channel.py's BurstLoss.lost, on the same draws. */
@@ -116,15 +127,15 @@ void drain(PacketEngine *e)
 }
 
 
-/* POLLERR: take the socket's pending error; one that concerned a datagram (ICMP unreachable) is a loss the
- * timers recover, any other makes the socket unusable. */
+/* POLLERR: take the socket's pending error; a fatal one (udp_batch.h's list) makes the socket unusable, any
+ * other concerned a datagram (ICMP unreachable) and is a loss the timers recover. */
 static void pending_error(PacketEngine *e)
 {
     int error = 0;
     socklen_t size = sizeof(error);
     if (getsockopt(e->fd, SOL_SOCKET, SO_ERROR, &error, &size) < 0)
         error = errno;
-    if (error && !udp_error_is_drop(error))
+    if (error && udp_error_is_fatal(error))
         e->error = error;
 }
 
