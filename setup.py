@@ -25,17 +25,17 @@ UDP_BATCH, UDP_BATCH_H = "lhc_ina/udp_batch.c", "lhc_ina/udp_batch.h"
 setup(
     ext_modules=[
         Extension(
-            "host_agent.codec._kernels",
+            "host_agent.codec.cpu._kernels",
             [
-                "host_agent/codec/_kernels.c",
-                "host_agent/codec/kernels_bloom.c",
-                "host_agent/codec/kernels_hash.c",
-                "host_agent/codec/kernels_peel.c",
-                "host_agent/codec/kernels_scan.c",
-                "host_agent/codec/kernels_sketch.c",
-                "host_agent/codec/kernels_sort.c",
+                "host_agent/codec/cpu/_kernels.c",
+                "host_agent/codec/cpu/kernels_bloom.c",
+                "host_agent/codec/cpu/kernels_hash.c",
+                "host_agent/codec/cpu/kernels_peel.c",
+                "host_agent/codec/cpu/kernels_scan.c",
+                "host_agent/codec/cpu/kernels_sketch.c",
+                "host_agent/codec/cpu/kernels_sort.c",
             ],
-            depends=["host_agent/codec/kernels.h"],
+            depends=["host_agent/codec/cpu/kernels.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,

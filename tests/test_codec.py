@@ -26,6 +26,7 @@ from host_agent.codec.bits import (
     words_from_positions_native,
     words_from_positions_torch,
 )
+from host_agent.codec.cpu import native_available
 from host_agent.codec.index import (
     bloom_fp_rate,
     choose_index,
@@ -35,7 +36,6 @@ from host_agent.codec.index import (
     query_index,
 )
 from host_agent.codec.items import fill_items, scan_nonzero_native, scatter_items
-from host_agent.codec.native import native_available
 from host_agent.codec.peeling import peel, peel_native, peel_parallel
 from host_agent.codec.quantize import dequantize, quantize
 from host_agent.codec.sketch import (
@@ -487,7 +487,7 @@ def test_the_torch_code_can_be_chosen_where_the_kernels_are_built(choice, says):
     import sys
 
     env = {**os.environ, "LHC_CODEC_KERNELS": choice}
-    code = "from host_agent.codec.native import native_available; print(native_available())"
+    code = "from host_agent.codec.cpu import native_available; print(native_available())"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert says in done.stdout + done.stderr
 
@@ -628,7 +628,7 @@ def test_compiled_peeling_rejects_bad_tensors():
 
 
 def test_asking_for_missing_kernels_says_how_to_build_them(monkeypatch):
-    monkeypatch.setattr("host_agent.codec.native.native", None)
+    monkeypatch.setattr("host_agent.codec.cpu.native", None)
     with pytest.raises(RuntimeError, match="C compiler"):
         set_bits_native(torch.zeros(4, dtype=torch.int32))
 

@@ -72,7 +72,7 @@ def _counts_triton(cands: torch.Tensor, values: torch.Tensor, counted: torch.Ten
                    ) -> tuple[int, int, Callable[[int], int]]:
     """:func:`_counts` on the GPU path: the figures of :func:`count_windows`' windows, from ``counted``
     (what the output kernel counted) or by one kernel (``gpu_decode.group_counts``), read back once."""
-    from .gpu_decode import group_counts, read_counts
+    from .gpu.decoding import group_counts, read_counts
 
     k = cands.numel()
     if not k:

@@ -38,7 +38,7 @@ import torch
 
 from . import gpu
 from .arith import wrap_int32
-from .native import kernel_threads, native, require_native
+from .cpu import kernel_threads, native, require_native
 from .sketch import SketchSpec, cell_ids
 
 
@@ -65,7 +65,7 @@ def peel(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> PeelResu
     """Peel the aggregated sketch ``cells`` ((spec.cells, block) int32) over the candidate ``items`` (int64,
     distinct). Neither input is modified."""
     if gpu.on_path():
-        from .gpu_peel import peel as peel_triton
+        from .gpu.peeling import peel as peel_triton
 
         return peel_triton(spec, items, cells)
     if cells.device.type == "cpu" and native is not None:

@@ -8,7 +8,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from . import launches
+from .gpu import launches
 
 
 class PhaseClock:

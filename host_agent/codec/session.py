@@ -70,10 +70,12 @@ import torch
 from host_agent.errors import AggregationError
 from lhc_ina.constants import FRAME_BYTES, LANES, MAX_WORKERS, PAYLOAD_BYTES
 
-from . import gpu, launches
+from . import gpu
 from .agreement import parameter_digest
+from .cpu import kernels_in_use
+from .gpu import launches
+from .gpu.transfer import to_device
 from .items import check_support_indices
-from .native import kernels_in_use
 from .options import DEFAULT_HEADROOM, Options, is_int
 from .output import OutputRange
 from .phase_clock import PhaseClock
@@ -81,7 +83,6 @@ from .protocol import HOST_KINDS, Outcome, Results, Round, Rounds
 from .quantize import FLOAT_DTYPES, INT_DTYPES
 from .sketch import DEFAULT_MARGIN, resolve_layout
 from .state import BucketShape, CodecState, Message, WorkerResult
-from .transfer import to_device
 
 _T = TypeVar("_T")
 PROTOCOL_VERSION = 4  # part of the agreement digest: workers running different codecs disagree

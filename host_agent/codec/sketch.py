@@ -32,8 +32,8 @@ import torch
 
 from . import gpu
 from .arith import wrap_int32
+from .cpu import kernel_threads, native
 from .hashing import derive_seed, hash_items, reduce_range
-from .native import kernel_threads, native
 
 TABLES = 3
 PEEL_THRESHOLD = 1.2218
@@ -159,7 +159,7 @@ def encode_sketch(spec: SketchSpec, items: torch.Tensor, values: torch.Tensor) -
     accumulates in int64 and wraps to int32 at the end (the same words).
     """
     if gpu.on_path():
-        from .gpu_encode import encode_sketch as encode_sketch_triton
+        from .gpu.encoding import encode_sketch as encode_sketch_triton
 
         return encode_sketch_triton(spec, items, values, None, False)
     if items.device.type == "cpu" and native is not None:

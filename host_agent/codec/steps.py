@@ -60,7 +60,7 @@ class Steps:
         from them (``gpu_encode.encode_lead``): nothing is read back, so the host does not wait (nor
         learn whether its own input is finite: the aggregated header says so to every worker). A lead
         made on the host arrives in one copy."""
-        from .gpu_encode import encode_bucket, encode_index, encode_lead, encode_sketch
+        from .gpu.encoding import encode_bucket, encode_index, encode_lead, encode_sketch
 
         spec, sketch = self.index, self.sketch
         assert spec is not None
@@ -107,7 +107,7 @@ class Steps:
     def _scan_triton(self) -> Lead:
         """This worker's item count and header from one pass over its bucket (one kernel, one
         read-back)."""
-        from .gpu_encode import scan_nonzero
+        from .gpu.encoding import scan_nonzero
 
         return self._lead_of(scan_nonzero(self.x, self.block))
 
@@ -123,7 +123,7 @@ class Steps:
             return self._quantize(gather_items(self.x, cands, self.block))
         if not self.finite:
             return torch.zeros((cands.numel(), self.block), dtype=torch.int32, device=self.x.device)
-        from .gpu_encode import gather_quantize
+        from .gpu.encoding import gather_quantize
 
         return gather_quantize(self.x, cands, self.block, self.scale if self.is_float else None)
 
@@ -131,7 +131,7 @@ class Steps:
         """The output, written by one kernel that dequantizes too and counts what the granularity choice
         reads (returned on the device), and the candidates' rows in the range (for the stats: the whole
         range needs no search for them)."""
-        from .gpu_decode import fill_output
+        from .gpu.decoding import fill_output
 
         whole = self.output_range.lo == 0 and self.output_range.hi == self.x.numel()
         rows = self.values if whole else self.values[self.output_range.candidates(self.cands, self.block)]

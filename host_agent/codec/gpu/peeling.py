@@ -31,11 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .gpu import launch, next_pow2, persistent_programs, read_back, sizes
-from .gpu_encode import seed_args
-from .gpu_jit import cell_ids, grid_sync
-from .peeling import PeelResult
-from .sketch import SketchSpec
+from ..peeling import PeelResult
+from ..sketch import SketchSpec
+from . import launch, next_pow2, persistent_programs, read_back, sizes
+from .device_functions import cell_ids, grid_sync
+from .encoding import seed_args
 
 ONE = tl.constexpr(1 << 40)  # a candidate's weight in its cells' states: count * 2^40 + position
 POSITION = tl.constexpr((1 << 40) - 1)

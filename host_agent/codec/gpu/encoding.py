@@ -16,12 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import agreement
-from . import quantize as header
-from .gpu import launch, next_pow2, read_back, sizes
-from .gpu_jit import cell_ids, hash_items, quantize, reduce_range
-from .index import PATTERN_BITS
-from .sketch import SketchSpec
+from .. import agreement
+from .. import quantize as header
+from ..index import PATTERN_BITS
+from ..sketch import SketchSpec
+from . import launch, next_pow2, read_back, sizes
+from .device_functions import cell_ids, hash_items, quantize, reduce_range
 
 #: The Bloom filter's patterns, chosen by a hash's low bits.
 PATTERN_MASK = tl.constexpr((1 << PATTERN_BITS) - 1)
