@@ -39,9 +39,7 @@ from host_agent.codec.items import fill_items, scan_nonzero_native, scatter_item
 from host_agent.codec.peeling import peel, peel_native, peel_parallel
 from host_agent.codec.quantize import dequantize, quantize
 from host_agent.codec.sketch import (
-    FUSE_MIN_CELLS,
     PEEL_THRESHOLD,
-    SketchSpec,
     cell_ids,
     encode_sketch,
     encode_sketch_native,
@@ -49,6 +47,7 @@ from host_agent.codec.sketch import (
     fuse_threshold,
     sketch_cells,
 )
+from host_agent.codec.sketch_spec import FUSE_MIN_CELLS, SketchSpec
 from lhc_ina.constants import LANES, MAX_WORKERS, PAYLOAD_BYTES, Op
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -494,7 +493,7 @@ def test_the_torch_code_can_be_chosen_where_the_kernels_are_built(choice, says):
 
 def test_the_compiled_kernels_are_built():
     # setup.py builds it with any C compiler; without it the codec still works, only slower.
-    assert native_available(), "host_agent/codec/_kernels.c is not built: pip install -e . with gcc present"
+    assert native_available(), "host_agent/codec/cpu/_kernels.c is not built: pip install -e . with gcc"
 
 
 @pytest.mark.slow

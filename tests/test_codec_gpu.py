@@ -23,7 +23,6 @@ if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover -
                 allow_module_level=True)
 
 from host_agent.codec import AggregationError, aggregate_local, gpu  # noqa: E402
-from host_agent.codec.gpu import launches  # noqa: E402
 from host_agent.codec.granularity import choose_group  # noqa: E402
 from host_agent.codec.hashing import MASK32, derive_seed  # noqa: E402
 from host_agent.codec.index import IndexSpec, bitmap_spec, encode_index, query_index  # noqa: E402
@@ -31,7 +30,8 @@ from host_agent.codec.items import nonzero_items, nonzero_rows  # noqa: E402
 from host_agent.codec.output import OutputRange  # noqa: E402
 from host_agent.codec.peeling import peel, peel_parallel  # noqa: E402
 from host_agent.codec.quantize import dequantize, exponent_field, quantize, scale_for  # noqa: E402
-from host_agent.codec.sketch import SketchSpec, cell_ids, encode_sketch, encode_sketch_torch, sketch_cells  # noqa: E402
+from host_agent.codec.sketch import cell_ids, encode_sketch, encode_sketch_torch, sketch_cells  # noqa: E402
+from host_agent.codec.sketch_spec import SketchSpec  # noqa: E402
 from lhc_ina.constants import LANES  # noqa: E402
 from tests.test_codec import make_inputs  # noqa: E402
 
@@ -409,8 +409,8 @@ def test_decode_launches_do_not_grow_with_peeling_rounds():
 def test_the_launch_counter_counts_torch_operations_and_triton_launches():
     from host_agent.codec.gpu.encoding import encode_index as encode_index_triton
 
-    counter = launches.LaunchCounter(DEVICE)
-    with launches.counting(counter, "decode"):
+    counter = gpu.LaunchCounter(DEVICE)
+    with gpu.counting(counter, "decode"):
         a = torch.zeros(8, device=DEVICE)  # a fill
         a.add_(1)  # a kernel
         a[2:].view(2, 3)  # views: none
@@ -428,9 +428,9 @@ def test_a_counter_for_plain_cuda_counts_on_the_current_cuda_device(monkeypatch)
     ``cuda`` (as the test above is on a GPU) takes the current device's index, or it would see no torch
     operation (on the H200 it counted 2 where the interpreter counts 6: only the noted launch and copy)."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    assert launches.LaunchCounter(torch.device("cuda")).device == torch.device("cuda", 1)
-    assert launches.LaunchCounter("cuda:0").device == torch.device("cuda", 0)
-    assert launches.LaunchCounter(torch.device("cpu")).device == torch.device("cpu")
+    assert gpu.LaunchCounter(torch.device("cuda")).device == torch.device("cuda", 1)
+    assert gpu.LaunchCounter("cuda:0").device == torch.device("cuda", 0)
+    assert gpu.LaunchCounter(torch.device("cpu")).device == torch.device("cpu")
 
 
 def test_the_layout_is_a_job_property():

@@ -23,8 +23,8 @@ import math, torch
 from host_agent.codec.index import choose_index, encode_index, query_bloom_chunks, query_bloom_native
 from host_agent.codec.cpu import kernel_simd
 from host_agent.codec.peeling import peel_native, peel_parallel
-from host_agent.codec.sketch import (PEEL_THRESHOLD, SketchSpec, cell_ids, encode_sketch_native,
-                                     encode_sketch_torch)
+from host_agent.codec.sketch import PEEL_THRESHOLD, cell_ids, encode_sketch_native, encode_sketch_torch
+from host_agent.codec.sketch_spec import SketchSpec
 
 assert kernel_simd() == "scalar", kernel_simd()
 g = torch.Generator().manual_seed(11)

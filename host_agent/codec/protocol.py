@@ -52,7 +52,8 @@ from .quantize import (
     scale_for,
     scale_holds,
 )
-from .sketch import SketchSpec, cells_per_candidate, encode_sketch, sketch_cells
+from .sketch import cells_per_candidate, encode_sketch, sketch_cells
+from .sketch_spec import SketchSpec
 from .state import BucketShape, CodecState
 from .steps import Lead, Steps
 

@@ -73,8 +73,7 @@ from lhc_ina.constants import FRAME_BYTES, LANES, MAX_WORKERS, PAYLOAD_BYTES
 from . import gpu
 from .agreement import parameter_digest
 from .cpu import kernels_in_use
-from .gpu import launches
-from .gpu.transfer import to_device
+from .gpu import to_device
 from .items import check_support_indices
 from .options import DEFAULT_HEADROOM, Options, is_int
 from .output import OutputRange
@@ -171,7 +170,7 @@ class WorkerSession:
         self.x, self.rank, self.world_size, self.options, self.state = x, rank, world_size, options, state
         digest = parameter_digest(("lhc-codec", PROTOCOL_VERSION, world_size, shape, options.shared(), state))
         self._clock = PhaseClock(timing, x.device)
-        self._launches = launches.LaunchCounter(x.device) if count_launches else None
+        self._launches = gpu.LaunchCounter(x.device) if count_launches else None
         self._rounds = Rounds(x, rank, world_size, options, state, digest, shape, support, out, output,
                               self._clock, triton=self._path == "triton")
         if reset:
@@ -256,16 +255,16 @@ class WorkerSession:
         with gpu.path(self._path):
             if not self._started:
                 self._started = True
-                with launches.counting(self._launches, "encode"):
+                with gpu.counting(self._launches, "encode"):
                     step = self._guarded(self._rounds.start)
             else:
                 assert self._next is not None
                 # what is read on the host (the agreement, the header) stays where it is
-                with launches.counting(self._launches, "transfer"):
+                with gpu.counting(self._launches, "transfer"):
                     results = {kind: to_device(words, self.x.device) for kind, words in self._results.items()
                                if kind not in HOST_KINDS}
                 self._rounds.received, self._results = self._results, {}
-                with launches.counting(self._launches, "decode"):
+                with gpu.counting(self._launches, "decode"):
                     step = self._guarded(self._next.then, results)
         if isinstance(step, Outcome):
             self._next = None

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch, next_pow2, read_back, send, sizes
+from .device import launch, next_pow2, read_back, send, sizes
 from .device_functions import dequantize, maximum, rows_nonzero
 
 
