@@ -152,7 +152,6 @@ def test_no_python_module_imports_in_a_circle() -> None:
 def test_no_c_file_calls_or_includes_in_a_circle() -> None:
     """The same for C: no file includes or calls into a file that leads back to it."""
     graph = import_graph.c_graph(REPO_ROOT, _tracked(*(f"{package}/*.[ch]" for package in PRODUCT_PACKAGES)))
-    assert "host_agent/codec/cpu/kernels_threads.c" in graph["host_agent/codec/cpu/kernels_sort.c"]
     found = import_graph.circles(graph)
     assert not found, found
 
