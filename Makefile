@@ -25,8 +25,8 @@ venv: $(INSTALLED)
 
 # The C extensions are optional (each has a Python fallback): a failed build would leave an older one in
 # place, so each is removed first and a missing one is reported (its tests then fail or say so).
-NATIVE_MODULES := host_agent/codec/_kernels lhc_ina/_udp host_agent/transport/_engine softswitch/_dataplane
-NATIVE_SOURCES := $(wildcard host_agent/codec/*.c host_agent/codec/*.h host_agent/transport/*.c \
+NATIVE_MODULES := host_agent/codec/cpu/_kernels lhc_ina/_udp host_agent/transport/_engine softswitch/_dataplane
+NATIVE_SOURCES := $(wildcard host_agent/codec/cpu/*.[ch] host_agent/transport/*.c \
 	host_agent/transport/*.h softswitch/*.[ch] lhc_ina/*.[ch])
 $(INSTALLED): pyproject.toml setup.py $(NATIVE_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -8,9 +8,9 @@ argument parsing) and its C parts beside it as ``name_<part>.c`` with ``name.h``
 - ``lhc_ina/_udp.c`` + ``udp_receive.c`` (``udp.h``) + ``udp_batch.c`` (the one batched-UDP layer,
   sendmmsg with GSO runs and recvmmsg, and the one socket-error rule, that the other two use as well;
   ``udp_python.h``: its counters as Python objects);
-- ``host_agent/codec/_kernels.c`` + ``kernels_peel.c``, ``kernels_sketch.c``, ``kernels_scan.c``,
-  ``kernels_hash.c``, ``kernels_sort.c``, ``kernels_bloom.c`` (``kernels.h``): the codec's CPU kernels
-  (pthreads for the second core), loaded by ``host_agent/codec/native.py``.
+- ``host_agent/codec/cpu/_kernels.c`` + ``kernels_peel.c``, ``kernels_sketch.c``, ``kernels_scan.c``,
+  ``kernels_hash.c``, ``kernels_sort.c``, ``kernels_bloom.c``, ``kernels_threads.c`` (``kernels.h``): the
+  codec's CPU kernels (pthreads for the second core), loaded by ``host_agent/codec/cpu/__init__.py``.
 
 Everything else is in pyproject.toml. Every extension is optional: where no C compiler is present the
 install still succeeds; the codec then uses its torch implementations, the stream its Python engine,
@@ -28,17 +28,18 @@ UDP_PYTHON_H = "lhc_ina/udp_python.h"
 setup(
     ext_modules=[
         Extension(
-            "host_agent.codec._kernels",
+            "host_agent.codec.cpu._kernels",
             [
-                "host_agent/codec/_kernels.c",
-                "host_agent/codec/kernels_bloom.c",
-                "host_agent/codec/kernels_hash.c",
-                "host_agent/codec/kernels_peel.c",
-                "host_agent/codec/kernels_scan.c",
-                "host_agent/codec/kernels_sketch.c",
-                "host_agent/codec/kernels_sort.c",
+                "host_agent/codec/cpu/_kernels.c",
+                "host_agent/codec/cpu/kernels_bloom.c",
+                "host_agent/codec/cpu/kernels_hash.c",
+                "host_agent/codec/cpu/kernels_peel.c",
+                "host_agent/codec/cpu/kernels_scan.c",
+                "host_agent/codec/cpu/kernels_sketch.c",
+                "host_agent/codec/cpu/kernels_sort.c",
+                "host_agent/codec/cpu/kernels_threads.c",
             ],
-            depends=["host_agent/codec/kernels.h"],
+            depends=["host_agent/codec/cpu/kernels.h"],
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,

@@ -213,7 +213,7 @@ def _memcpy_s(src: torch.Tensor, dst: torch.Tensor) -> float:
 
 def run_case(args: argparse.Namespace, mode: str, density: float, block: int, layout: str = "auto") -> dict:
     from host_agent.codec import aggregate_local
-    from host_agent.codec.native import kernel_simd, native_available
+    from host_agent.codec.cpu import kernel_simd, native_available
 
     options = {"timing": True, "layout": layout}
     if args.margin is not None:
@@ -326,7 +326,7 @@ def _other_kernels(argv: list[str], kernels: str) -> list[dict]:
     """The same cases with ``kernels`` (LHC_CODEC_KERNELS is read once, at import): in a child process
     given this run's ``argv`` (the last --kernels wins; the peeling trials stay here, and this process
     writes the plot after the child, with every case)."""
-    from host_agent.codec.native import KERNELS_VARIABLE
+    from host_agent.codec.cpu import KERNELS_VARIABLE
 
     env = {**os.environ, KERNELS_VARIABLE: kernels}
     command = [sys.executable, "-m", "benchmarks.cli", *argv, "--kernels", kernels, "--peel-trials", "0"]
@@ -337,7 +337,7 @@ def _other_kernels(argv: list[str], kernels: str) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from host_agent.codec.native import KERNELS_VARIABLE, native_available
+    from host_agent.codec.cpu import KERNELS_VARIABLE, native_available
 
     # on a GPU the CPU kernels do not run (the GPU path or LHC_CODEC_GPU=torch does): nothing to refuse
     here = "native" if native_available() or args.device.startswith("cuda") else "torch"

@@ -1,6 +1,6 @@
 """`lhc-bench codec`'s launch figures: the device operations the codec's GPU path takes for one bucket.
 
-``gpu_launches`` is counted by the codec (``count_launches``, :mod:`host_agent.codec.launches`) for worker
+``gpu_launches`` is counted by the codec (``count_launches``, :mod:`host_agent.codec.gpu.launches`) for worker
 0 of the row's own case: on a CUDA device as it runs; on a CPU, worker 0 alone runs the GPU path in
 Triton's interpreter (the other workers run the CPU kernels, and the totals must agree bit for bit), so
 a machine without a GPU counts what the GPU would launch. On a CUDA device the profiler also lists what

@@ -25,7 +25,8 @@ def peel_trials(n_items: int, union: int, margin: float, trials: int, seed: int,
     from tqdm import tqdm
 
     from host_agent.codec.peeling import peel
-    from host_agent.codec.sketch import SketchSpec, sketch_cells
+    from host_agent.codec.sketch import sketch_cells
+    from host_agent.codec.sketch_spec import SketchSpec
     from lhc_ina.constants import LANES
 
     cells = sketch_cells(union, margin, 1, LANES)

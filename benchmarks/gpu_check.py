@@ -67,7 +67,7 @@ except Exception as exc:
     info["triton"] = f"unavailable: {exc}"
 print(json.dumps(info))
 """
-_EXTENSIONS = ("host_agent.codec._kernels", "host_agent.transport._engine", "softswitch._dataplane",
+_EXTENSIONS = ("host_agent.codec.cpu._kernels", "host_agent.transport._engine", "softswitch._dataplane",
                "lhc_ina._udp")
 
 

@@ -10,8 +10,8 @@ which carries ``native_over_python``: its packets_per_s over the python row's of
   sum. The workers' DATA packets are built vectorized and leave each rank's own socket by UDP GSO (the
   switch admits a rank only from its UDP port); its results arrive on that socket (with UDP_GRO: a run
   the switch sent as one GSO message arrives as one buffer) and are checked datagram by datagram with
-  numpy, so that the generator is not what bounds the figure. This is the number the project quotes: it
-  includes the kernel's UDP path on both sides.
+  numpy, so that the generator is not what bounds the figure (``switch_workers.py``). This is the number
+  the project quotes: it includes the kernel's UDP path on both sides.
 - ``pipeline``: the same DATA packets through the pipeline in this process with no sockets:
   ``Pipeline.process`` (python) or ``NativePipeline.inject`` (native, one Python call per frame).
 
@@ -21,12 +21,9 @@ which carries ``native_over_python``: its packets_per_s over the python row's of
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import json
 import os
 import select
-import socket
 import struct
 import subprocess
 import sys
@@ -39,20 +36,12 @@ import numpy as np
 from p4.v1 import p4runtime_pb2 as p4v1
 from p4.v1 import p4runtime_pb2_grpc
 
+from benchmarks.switch_workers import BYTE0_AT, SEQ_AT, Results, Sender, data_packets
 from lhc_ina import constants as c
 from lhc_ina.jobs import JobLayout, WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
-from lhc_ina.udp import BatchIO, batch_io
-from lhc_ina.wire import (
-    FRAME_END,
-    FRAME_LHC,
-    FRAME_PAYLOAD,
-    HEADER_OFFSETS,
-    HEADER_SHIFTS,
-    PACKET_DTYPE,
-    empty_packets,
-    set_header_fields,
-)
+from lhc_ina.udp import batch_io
+from lhc_ina.wire import FRAME_END, FRAME_LHC, FRAME_PAYLOAD, HEADER_OFFSETS, HEADER_SHIFTS
 from lhc_launch.switch_job import data_frame, job_updates, make_job
 from softswitch.cli import READY
 from softswitch.entity_store import Entities
@@ -60,13 +49,9 @@ from softswitch.native import NativePipeline, native_available
 from softswitch.pipeline import Pipeline
 from softswitch.receive_loop import NATIVE_BURST
 
-#: linux/udp.h: the UDP_SEGMENT and UDP_GRO socket options (not in Python's socket module), and
-#: UDP_MAX_SEGMENTS, the most datagrams one GSO send carries.
-_UDP_SEGMENT, _UDP_GRO, _GSO_SEGMENTS = 103, 104, 64
-_MAX_DATAGRAM = 65536
 _SEQ = struct.Struct("!I")
 _SLOT = struct.Struct("!H")
-_BYTE0_AT, _SLOT_AT, _SEQ_AT = (HEADER_OFFSETS[name] for name in ("msg_type", "slot", "seq"))
+_SLOT_AT = HEADER_OFFSETS["slot"]
 
 
 def _byte0(ver: int) -> int:
@@ -151,125 +136,21 @@ class _Switch:
         self.proc.wait(timeout=10)
 
 
-class _Results:
-    """What the W rank sockets received: every copy checked (length, type, payload), seqs kept per rank.
-
-    The sockets ask for UDP_GRO where the kernel has it: a run of results the switch sent to one rank in
-    one GSO message then arrives as one buffer of equal-size datagrams with their size (the kernel's
-    cmsg), instead of being split into one socket entry each. Each datagram is still checked alone."""
-
-    def __init__(self, workers: int, expected: bytes, capacity: int = 256) -> None:
-        self.size = PACKET_DTYPE.itemsize
-        self.capacity = capacity  # messages per drain
-        self.buffer = bytearray((capacity + 1) * _MAX_DATAGRAM)
-        self.view = memoryview(self.buffer)
-        self.bytes = np.frombuffer(self.buffer, np.uint8)
-        self.expected = np.frombuffer(expected, np.uint8)
-        self.counts = [0] * workers
-        self.seqs: list[list[np.ndarray]] = [[] for _ in range(workers)]
-        self.mismatched = 0
-
-    @staticmethod
-    def open(workers: int) -> list[socket.socket]:
-        socks = []
-        for _ in range(workers):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)  # a window's packets at once
-            with contextlib.suppress(OSError):  # a kernel without UDP_GRO: one datagram per message
-                sock.setsockopt(socket.SOL_UDP, _UDP_GRO, 1)
-            sock.bind(("127.0.0.1", 0))
-            sock.setblocking(False)
-            socks.append(sock)
-        return socks
-
-    def drain(self, rank: int, sock: socket.socket) -> int:
-        """Receive what waits on rank ``rank``'s socket; the number of result copies."""
-        at = 0
-        for _ in range(self.capacity):
-            try:
-                length, ancillary, flags, _ = sock.recvmsg_into(
-                    [self.view[at : at + _MAX_DATAGRAM]], socket.CMSG_SPACE(4))
-            except BlockingIOError:
-                break
-            segment = next((int.from_bytes(data[:4], sys.byteorder) for level, kind, data in ancillary
-                            if level == socket.SOL_UDP and kind == _UDP_GRO), length)
-            if segment != self.size or length % self.size or flags & socket.MSG_TRUNC:
-                self.mismatched += 1  # a datagram of another size: not a result of this job
-                continue
-            at += length
-        n = at // self.size
-        if n:
-            rows = self.bytes[:at].reshape(n, self.size)
-            bad = rows[:, _BYTE0_AT] >> HEADER_SHIFTS["msg_type"] != c.MsgType.RESULT
-            bad |= (rows[:, c.HEADER_BYTES :] != self.expected).any(axis=1)
-            self.mismatched += int(np.count_nonzero(bad))
-            self.seqs[rank].append(rows[:, _SEQ_AT : _SEQ_AT + 4].copy().view(">u4").ravel())
-            self.counts[rank] += n
-        return n
-
-    def every_round_once_to_every_rank(self, rounds: int) -> bool:
-        """Each rank got the result of each round 0..rounds-1 exactly once."""
-        return all(np.array_equal(np.sort(np.concatenate(seqs or [np.zeros(0, ">u4")])), np.arange(rounds))
-                   for seqs in self.seqs)
-
-
-def _data_packets(job: JobLayout, values: np.ndarray, first: int, rounds: int) -> list[memoryview]:
-    """Packets ``first .. first + rounds - 1`` of every rank's stream (docs/protocol.md, section 3), built
-    in one vectorized pass: one run of packets per rank, in round order."""
-    workers = len(job.workers)
-    p = np.tile(np.arange(first, first + rounds, dtype=np.int64), workers)
-    ranks = np.repeat(np.arange(workers), rounds)
-    packets = empty_packets(rounds * workers)
-    set_header_fields(packets, msg_type=c.MsgType.DATA, op=c.Op.ADD,
-                      ver=(p // job.slot_count) % c.SLOT_COPIES, worker_id=ranks, job_id=job.job_id,
-                      slot=p % job.slot_count, epoch=job.epoch, seq=p & 0xFFFFFFFF)
-    packets["payload"] = values[ranks]
-    raw = memoryview(packets.tobytes())
-    run = rounds * PACKET_DTYPE.itemsize
-    return [raw[rank * run : (rank + 1) * run] for rank in range(workers)]
-
-
-class _Sender:
-    """A rank's DATA packets out of its socket, as UDP GSO sends (UDP_SEGMENT: one system call and one
-    trip down the stack for up to 64 datagrams of one size; the receiver still gets separate datagrams),
-    or with sendmmsg where the kernel refuses GSO."""
-
-    def __init__(self, io: BatchIO) -> None:
-        self.io = io
-        self.gso = True
-
-    def send(self, sock: socket.socket, raw: memoryview, address: tuple[str, int]) -> None:
-        size = PACKET_DTYPE.itemsize
-        if self.gso:
-            option = [(socket.SOL_UDP, _UDP_SEGMENT, struct.pack("=H", size))]
-            step = size * _GSO_SEGMENTS
-            try:
-                for at in range(0, len(raw), step):
-                    sock.sendmsg([raw[at : at + step]], option, 0, address)
-                return
-            except OSError as error:
-                if at or error.errno not in (errno.EINVAL, errno.ENOPROTOOPT, errno.EOPNOTSUPP, errno.EIO):
-                    raise
-                self.gso = False  # a kernel without UDP GSO: one datagram per message
-        self.io.send(sock, [raw[i : i + size] for i in range(0, len(raw), size)], address)
-
-
 def _run_udp(workers: int, seconds: float, window: int, slots: int, pipeline: str) -> dict[str, Any]:
     """W ranks keep ``window`` rounds in flight; every result copy is checked. Each rank's DATA packets
     leave its own socket (the workers table keys on the UDP source port too) and its results arrive there,
     drained with recvmmsg: the generator batches as the switch does, so that the switch is what is
     measured."""
     io = batch_io()
-    sender = _Sender(io)
-    receivers = _Results.open(workers)
+    sender = Sender(io)
+    receivers = Results.open(workers)
     switch = _Switch(slots, [sock.getsockname()[1] for sock in receivers], pipeline)
     poller = select.poll()
     for sock in receivers:
         poller.register(sock, select.POLLIN)
     try:
         values, expected = _contributions(workers)
-        results = _Results(workers, expected)
+        results = Results(workers, expected)
         window = min(window, slots)
         refill = max(window // 4, 1)  # top the window up in batches, not round by round
         sent = completed = 0
@@ -279,7 +160,7 @@ def _run_udp(workers: int, seconds: float, window: int, slots: int, pipeline: st
         while True:
             if time.perf_counter() < deadline and window - (sent - completed) >= refill:
                 rounds = window - (sent - completed)
-                runs = _data_packets(switch.job, values, sent, rounds)
+                runs = data_packets(switch.job, values, sent, rounds)
                 for sock, run in zip(receivers, runs, strict=True):
                     sender.send(sock, run, switch.udp_addr)
                 sent += rounds
@@ -341,9 +222,9 @@ def _run_pipeline(workers: int, seconds: float, slots: int, kind: str) -> dict[s
         for _ in range(100):
             slot, ver = rounds % slots, (rounds // slots) & 1  # packet p = rounds: S = slot_count
             for frame in frames:
-                frame[FRAME_LHC + _BYTE0_AT] = _byte0(ver)
+                frame[FRAME_LHC + BYTE0_AT] = _byte0(ver)
                 _SLOT.pack_into(frame, FRAME_LHC + _SLOT_AT, slot)
-                _SEQ.pack_into(frame, FRAME_LHC + _SEQ_AT, rounds)
+                _SEQ.pack_into(frame, FRAME_LHC + SEQ_AT, rounds)
                 process(frame)
             rounds += 1
     elapsed = time.perf_counter() - start

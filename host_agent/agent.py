@@ -18,7 +18,7 @@ later call raises it, and the backend is told, so that the peers see this worker
 
 A bucket on a GPU stays there: the agent's thread runs its codec on a stream of its own, ordered after
 the caller's work and before what the caller queues once the call completes (``host_agent.device_order``);
-only the messages' words cross to the host, through pinned buffers (``host_agent.codec.transfer``).
+only the messages' words cross to the host, through pinned buffers (``host_agent/codec/gpu/transfer.py``).
 
 Encoding overlaps the network: while a call waits for a round's results, the agent's thread encodes the
 first round of the next queued call (when that call's mode and state cannot change before it starts: it

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from host_agent.agent_backend import Backend
-from host_agent.codec.transfer import to_host
+from host_agent.codec.gpu import to_host
 from lhc_ina.constants import Op
 
 

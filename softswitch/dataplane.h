@@ -113,7 +113,6 @@ typedef struct {
 /* dataplane_pipeline.c: one frame through the v1model program; -1 with an exception set if a table
  * entry is unusable (the frame is then lost, as the Python pipeline's ValueError loses it). */
 int process_frame(Dataplane *e, uint8_t *rx, Py_ssize_t length, long ingress_port, Sink *sink);
-void ipv4_checksum(const Layout *L, uint8_t *rx);
 
 /* dataplane_slots.c: the @atomic block. read_uplink: the job's uplinks entry (0, or -1 with an
  * exception); aggregate (a DATA packet) and store_result (a leaf's parent's result) return the outcome. */
@@ -165,5 +164,18 @@ static inline void put_be(uint8_t *p, long bytes, uint64_t value)
 /* Ethernet, IPv4 and UDP fields other than addresses are 16 bits wide (RFC 791, RFC 768). */
 static inline uint64_t get16(const uint8_t *p) { return get_be(p, 2); }
 static inline void put16(uint8_t *p, uint64_t v) { put_be(p, 2, v); }
+
+/* The IPv4 header checksum written in place (lhc_ina/wire.py ipv4_checksum), for the pipeline's deparser
+ * and the UDP ports' synthesized frames alike: inline here, so neither file calls into the other for it. */
+static inline void ipv4_checksum(const Layout *L, uint8_t *rx)
+{
+    uint32_t total = 0;
+    for (long at = L->frame_ipv4; at < L->frame_ipv4 + L->ipv4_bytes; at += 2)
+        if (at != L->ip_checksum)
+            total += (uint32_t)get16(rx + at);
+    total = (total & 0xFFFF) + (total >> 16);
+    total = (total & 0xFFFF) + (total >> 16);
+    put16(rx + L->ip_checksum, ~total & 0xFFFF);
+}
 
 #endif

@@ -42,17 +42,6 @@ static int parse(const Layout *L, const uint8_t *rx, Py_ssize_t length, int *err
     return LEVEL_PAYLOAD;
 }
 
-void ipv4_checksum(const Layout *L, uint8_t *rx)
-{
-    uint32_t total = 0;
-    for (long at = L->frame_ipv4; at < L->frame_ipv4 + L->ipv4_bytes; at += 2)
-        if (at != L->ip_checksum)
-            total += (uint32_t)get16(rx + at);
-    total = (total & 0xFFFF) + (total >> 16);
-    total = (total & 0xFFFF) + (total >> 16);
-    put16(rx + L->ip_checksum, ~total & 0xFFFF);
-}
-
 /* LhcEgress + LhcComputeChecksum + LhcDeparser (pipeline.py _egress). */
 static int egress(Dataplane *e, uint8_t *rx, long port, uint64_t rid, int is_lhc, Py_ssize_t length, Sink *sink)
 {

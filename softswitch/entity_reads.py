@@ -5,18 +5,14 @@ written, counters by index or whole), with PI's codes for what it refuses. The w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from google.rpc import code_pb2
 from p4.v1 import p4runtime_pb2 as p4v1
 
 from lhc_ina.p4rt.values import canonical
+from softswitch.entity_store import Entities, TableInfo
 from softswitch.errors import NO_CLONE_SESSIONS, SwitchError, invalid, unsupported
 from softswitch.pre import FIRST_RESERVED_GROUP
 from softswitch.tables import ActionCall, EntryExtras, LpmTable
-
-if TYPE_CHECKING:
-    from softswitch.entity_store import Entities, TableInfo
 
 
 def read(entities: Entities, entity: p4v1.Entity, response: p4v1.ReadResponse) -> None:

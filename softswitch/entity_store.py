@@ -25,7 +25,6 @@ from google.rpc import code_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2 as p4v1
 
-from softswitch import entity_reads
 from softswitch.errors import NO_CLONE_SESSIONS, SwitchError, invalid, unsupported
 from softswitch.pipeline import Pipeline
 from softswitch.tables import ActionCall, EntryExtras, ExactTable, LpmTable, pack_key
@@ -63,7 +62,7 @@ class TableInfo:
 
 class Entities:
     """Reads and writes P4Runtime entities against one pipeline, with the ids of one P4Info (the reads
-    render in ``entity_reads.py``).
+    render in ``entity_reads.py``, which takes an Entities: this module does not import it).
 
     The pipeline's group replicas are tuples; the proto of each group is kept as written so reads give
     back the replica port in the form the client used (``egress_port`` or ``port``), as PI does.
@@ -311,7 +310,3 @@ class Entities:
         if counter_id not in self.counters:
             raise _invalid_id("counter", counter_id)
         return self.pipeline.stats_packets, self.pipeline.stats_bytes
-
-    def read(self, entity: p4v1.Entity, response: p4v1.ReadResponse) -> None:
-        """Append what ``entity`` selects (wildcards allowed) to ``response``; SwitchError if refused."""
-        entity_reads.read(self, entity, response)

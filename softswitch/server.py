@@ -37,6 +37,7 @@ from p4.v1 import p4runtime_pb2 as p4v1
 from p4.v1 import p4runtime_pb2_grpc
 
 from lhc_ina.tls import TlsConfig, add_port
+from softswitch import entity_reads
 from softswitch.arbitration import Arbitration, Connection
 from softswitch.entity_store import Entities
 from softswitch.errors import SwitchError
@@ -147,7 +148,7 @@ class P4RuntimeService(p4runtime_pb2_grpc.P4RuntimeServicer):
         try:
             with self.lock:
                 for entity in request.entities:
-                    entities.read(entity, response)
+                    entity_reads.read(entities, entity, response)
         except SwitchError as exc:
             self._fail(context, exc.code, exc.message)
         yield response

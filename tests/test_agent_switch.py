@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from host_agent.agent import Agent
-from host_agent.codec.native import kernels_in_use
+from host_agent.codec.cpu import kernels_in_use
 from host_agent.errors import AggregationError
 from host_agent.transport.channel import Impairment
 from lhc_launch.processes import ControllerProcess, SoftswitchProcess

@@ -26,6 +26,7 @@ from host_agent.codec.bits import (
     words_from_positions_native,
     words_from_positions_torch,
 )
+from host_agent.codec.cpu import native_available
 from host_agent.codec.index import (
     bloom_fp_rate,
     choose_index,
@@ -35,13 +36,10 @@ from host_agent.codec.index import (
     query_index,
 )
 from host_agent.codec.items import fill_items, scan_nonzero_native, scatter_items
-from host_agent.codec.native import native_available
 from host_agent.codec.peeling import peel, peel_native, peel_parallel
 from host_agent.codec.quantize import dequantize, quantize
 from host_agent.codec.sketch import (
-    FUSE_MIN_CELLS,
     PEEL_THRESHOLD,
-    SketchSpec,
     cell_ids,
     encode_sketch,
     encode_sketch_native,
@@ -49,6 +47,7 @@ from host_agent.codec.sketch import (
     fuse_threshold,
     sketch_cells,
 )
+from host_agent.codec.sketch_spec import FUSE_MIN_CELLS, SketchSpec
 from lhc_ina.constants import LANES, MAX_WORKERS, PAYLOAD_BYTES, Op
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -487,14 +486,14 @@ def test_the_torch_code_can_be_chosen_where_the_kernels_are_built(choice, says):
     import sys
 
     env = {**os.environ, "LHC_CODEC_KERNELS": choice}
-    code = "from host_agent.codec.native import native_available; print(native_available())"
+    code = "from host_agent.codec.cpu import native_available; print(native_available())"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert says in done.stdout + done.stderr
 
 
 def test_the_compiled_kernels_are_built():
     # setup.py builds it with any C compiler; without it the codec still works, only slower.
-    assert native_available(), "host_agent/codec/_kernels.c is not built: pip install -e . with gcc present"
+    assert native_available(), "host_agent/codec/cpu/_kernels.c is not built: pip install -e . with gcc"
 
 
 @pytest.mark.slow
@@ -628,7 +627,7 @@ def test_compiled_peeling_rejects_bad_tensors():
 
 
 def test_asking_for_missing_kernels_says_how_to_build_them(monkeypatch):
-    monkeypatch.setattr("host_agent.codec.native.native", None)
+    monkeypatch.setattr("host_agent.codec.cpu.native", None)
     with pytest.raises(RuntimeError, match="C compiler"):
         set_bits_native(torch.zeros(4, dtype=torch.int32))
 

@@ -22,7 +22,7 @@ if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover -
     pytest.skip("no CUDA device, and TRITON_INTERPRET is set to something other than 1",
                 allow_module_level=True)
 
-from host_agent.codec import AggregationError, aggregate_local, gpu, launches  # noqa: E402
+from host_agent.codec import AggregationError, aggregate_local, gpu  # noqa: E402
 from host_agent.codec.granularity import choose_group  # noqa: E402
 from host_agent.codec.hashing import MASK32, derive_seed  # noqa: E402
 from host_agent.codec.index import IndexSpec, bitmap_spec, encode_index, query_index  # noqa: E402
@@ -30,7 +30,8 @@ from host_agent.codec.items import nonzero_items, nonzero_rows  # noqa: E402
 from host_agent.codec.output import OutputRange  # noqa: E402
 from host_agent.codec.peeling import peel, peel_parallel  # noqa: E402
 from host_agent.codec.quantize import dequantize, exponent_field, quantize, scale_for  # noqa: E402
-from host_agent.codec.sketch import SketchSpec, cell_ids, encode_sketch, encode_sketch_torch, sketch_cells  # noqa: E402
+from host_agent.codec.sketch import cell_ids, encode_sketch, encode_sketch_torch, sketch_cells  # noqa: E402
+from host_agent.codec.sketch_spec import SketchSpec  # noqa: E402
 from lhc_ina.constants import LANES  # noqa: E402
 from tests.test_codec import make_inputs  # noqa: E402
 
@@ -71,7 +72,7 @@ def sparse(seed: int, n: int, density: float, dtype: torch.dtype) -> torch.Tenso
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])
 @pytest.mark.parametrize("block", [1, 3, 32])
 def test_the_scan_counts_the_nonzero_items_and_the_header_figures(dtype, block, small_tiles):
-    from host_agent.codec.gpu_encode import scan_nonzero
+    from host_agent.codec.gpu.encoding import scan_nonzero
 
     x = sparse(block, 3001, 0.05, dtype)
     scan = on_gpu(scan_nonzero, x, block)
@@ -85,7 +86,7 @@ def test_the_scan_counts_the_nonzero_items_and_the_header_figures(dtype, block, 
 
 @pytest.mark.parametrize("special", [float("inf"), float("-inf"), float("nan")])
 def test_the_scan_sees_a_value_that_is_not_finite(special, small_tiles):
-    from host_agent.codec.gpu_encode import scan_nonzero
+    from host_agent.codec.gpu.encoding import scan_nonzero
 
     x = sparse(5, 777, 0.1, torch.float32)
     x[700] = special
@@ -100,7 +101,7 @@ def test_one_pass_encodes_the_index_and_the_sketch_as_the_cpu_does(dtype, block,
     """``encode_bucket`` (the index, the sketch and the header's figures from one pass over the bucket, no
     list of items) writes the CPU's words from its items and rows: every dtype, blocks, both indexes,
     groups, both layouts, an assumed scale that saturates (clamped) and one that does not."""
-    from host_agent.codec.gpu_encode import encode_bucket, scan_nonzero, summarize
+    from host_agent.codec.gpu.encoding import encode_bucket, scan_nonzero, summarize
     from host_agent.codec.index import bloom_masks
 
     x = sparse(block + group, 1201, 0.08, dtype)
@@ -138,7 +139,7 @@ def test_the_lead_is_written_on_the_device_as_the_host_writes_it(dtype, case, ra
     (dense: over 2^16 items), the exponent's bit (none for an all-zero bucket), a worker's bit for a NaN
     (its sketch then zeroed) or an integer beyond the bound, ranks 0 to 31 (bit 31: a negative word)."""
     from host_agent.codec.agreement import AGREE_WORDS, agreement_words
-    from host_agent.codec.gpu_encode import encode_lead, scan_stats, summarize
+    from host_agent.codec.gpu.encoding import encode_lead, scan_stats, summarize
     from host_agent.codec.quantize import HEADER_WORDS, header_words, int_bound
 
     x = sparse(rank, 70_001 if case == "dense" else 3001, 1.0 if case == "dense" else 0.05, dtype)
@@ -182,8 +183,8 @@ def float_bits(seed: int, n: int) -> torch.Tensor:
 def test_quantizing_rounds_exactly_as_torch_does(seed):
     """Ties to even, subnormals, saturation under an assumed scale: the kernels' quantizing, from the
     float's bits, equals ``quantize.quantize`` at every scale a bucket can take."""
-    from host_agent.codec.gpu_encode import encode_sketch as encode_sketch_triton
-    from host_agent.codec.gpu_encode import gather_quantize
+    from host_agent.codec.gpu.encoding import encode_sketch as encode_sketch_triton
+    from host_agent.codec.gpu.encoding import gather_quantize
 
     x = float_bits(seed, 4000)
     g = torch.Generator().manual_seed(100 + seed)
@@ -203,7 +204,7 @@ def test_quantizing_rounds_exactly_as_torch_does(seed):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])
 @pytest.mark.parametrize(("block", "output_range"), [(1, None), (1, (1000, 2500)), (4, (3, 3997)), (4, None)])
 def test_the_output_is_dequantized_and_written_as_torch_writes_it(dtype, block, output_range, small_tiles):
-    from host_agent.codec.gpu_decode import fill_output
+    from host_agent.codec.gpu.decoding import fill_output
 
     n = 3998
     g = torch.Generator().manual_seed(block)
@@ -287,7 +288,7 @@ def test_the_granularity_choice_counts_as_on_the_cpu(block, shape, monkeypatch):
     expected = choose_group(1 << 22, cands, values, 5.0)
     assert on_gpu(choose_group, 1 << 22, cands, values, 5.0) == expected
     # the output kernel counts the same figures beside a shard's output (all candidates, whatever the range)
-    from host_agent.codec.gpu_decode import fill_output
+    from host_agent.codec.gpu.decoding import fill_output
 
     out = torch.empty(5000, dtype=torch.int32, device=DEVICE)
     moved = cands.to(DEVICE), values.to(DEVICE)
@@ -406,10 +407,10 @@ def test_decode_launches_do_not_grow_with_peeling_rounds():
 
 
 def test_the_launch_counter_counts_torch_operations_and_triton_launches():
-    from host_agent.codec.gpu_encode import encode_index as encode_index_triton
+    from host_agent.codec.gpu.encoding import encode_index as encode_index_triton
 
-    counter = launches.LaunchCounter(DEVICE)
-    with launches.counting(counter, "decode"):
+    counter = gpu.LaunchCounter(DEVICE)
+    with gpu.counting(counter, "decode"):
         a = torch.zeros(8, device=DEVICE)  # a fill
         a.add_(1)  # a kernel
         a[2:].view(2, 3)  # views: none
@@ -427,9 +428,9 @@ def test_a_counter_for_plain_cuda_counts_on_the_current_cuda_device(monkeypatch)
     ``cuda`` (as the test above is on a GPU) takes the current device's index, or it would see no torch
     operation (on the H200 it counted 2 where the interpreter counts 6: only the noted launch and copy)."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    assert launches.LaunchCounter(torch.device("cuda")).device == torch.device("cuda", 1)
-    assert launches.LaunchCounter("cuda:0").device == torch.device("cuda", 0)
-    assert launches.LaunchCounter(torch.device("cpu")).device == torch.device("cpu")
+    assert gpu.LaunchCounter(torch.device("cuda")).device == torch.device("cuda", 1)
+    assert gpu.LaunchCounter("cuda:0").device == torch.device("cuda", 0)
+    assert gpu.LaunchCounter(torch.device("cpu")).device == torch.device("cpu")
 
 
 def test_the_layout_is_a_job_property():
@@ -445,7 +446,7 @@ def test_the_layout_is_a_job_property():
 @pytest.mark.gpu
 def test_a_gpu_session_sends_through_pinned_buffers_and_keeps_its_bucket():
     from host_agent.codec import WorkerSession
-    from host_agent.codec.transfer import to_device, to_host
+    from host_agent.codec.gpu.transfer import to_device, to_host
 
     x = make_inputs(1, 1, 10_000, "random", 0.05, dtype=torch.float32)[0].cuda()
     session = WorkerSession(x, 0, 1, mode="sketch", expected_items=600)

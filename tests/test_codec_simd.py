@@ -1,6 +1,6 @@
 """The compiled kernels' two loop kinds: AVX2 where the CPU has it, scalar elsewhere. Both must give the
 torch code's bits; on an AVX2 machine the scalar loops only run under ``LHC_CODEC_SIMD=scalar`` (read
-when ``host_agent.codec.native`` is imported), hence a child process here."""
+when ``host_agent.codec.cpu`` is imported), hence a child process here."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from host_agent.codec import aggregate_local
-from host_agent.codec.native import KERNELS_VARIABLE, SIMD_VARIABLE, kernel_simd, native_available
+from host_agent.codec.cpu import KERNELS_VARIABLE, SIMD_VARIABLE, kernel_simd, native_available
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled kernels are not built")
 
@@ -21,10 +21,10 @@ pytestmark = pytest.mark.skipif(not native_available(), reason="the compiled ker
 _SCALAR_AGAINST_TORCH = """
 import math, torch
 from host_agent.codec.index import choose_index, encode_index, query_bloom_chunks, query_bloom_native
-from host_agent.codec.native import kernel_simd
+from host_agent.codec.cpu import kernel_simd
 from host_agent.codec.peeling import peel_native, peel_parallel
-from host_agent.codec.sketch import (PEEL_THRESHOLD, SketchSpec, cell_ids, encode_sketch_native,
-                                     encode_sketch_torch)
+from host_agent.codec.sketch import PEEL_THRESHOLD, cell_ids, encode_sketch_native, encode_sketch_torch
+from host_agent.codec.sketch_spec import SketchSpec
 
 assert kernel_simd() == "scalar", kernel_simd()
 g = torch.Generator().manual_seed(11)
@@ -60,9 +60,9 @@ def test_the_scalar_loops_give_the_torch_bits():
 
 def test_which_loops_run_is_said_and_a_bad_choice_is_refused():
     assert kernel_simd() in ("avx2", "scalar")
-    done = _child("from host_agent.codec.native import kernel_simd; print(kernel_simd())", "auto")
+    done = _child("from host_agent.codec.cpu import kernel_simd; print(kernel_simd())", "auto")
     assert done.stdout.strip() == kernel_simd()
-    done = _child("import host_agent.codec.native", "sse9")
+    done = _child("import host_agent.codec.cpu", "sse9")
     assert done.returncode != 0 and "LHC_CODEC_SIMD must be 'auto' or 'scalar'" in done.stderr
 
 

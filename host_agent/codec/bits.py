@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from .native import kernel_threads, native, require_native
+from .cpu import kernel_threads, native, require_native
 
 if sys.byteorder != "little":  # pragma: no cover - every CPU and GPU torch runs on is little-endian
     raise ImportError("host_agent.codec assumes a little-endian machine (bit arrays are read as bytes)")

@@ -63,7 +63,7 @@ def _whole(k: int) -> tuple[int, int, int]:
 def count_windows(k: int) -> tuple[int, int, int, int]:
     """(windows, num, den, window): the windows the GPU path counts among ``k`` candidates, spread as
     :func:`_window_starts` places them, or all of the candidates (the output kernel counts them too:
-    ``gpu_decode.fill_output``)."""
+    ``gpu.fill_output``)."""
     spread = (_WINDOWS, k - _WINDOW, _WINDOWS - 1) if k > _WINDOWS * _WINDOW else _whole(k)
     return (*spread, _WINDOW)
 
@@ -71,19 +71,17 @@ def count_windows(k: int) -> tuple[int, int, int, int]:
 def _counts_triton(cands: torch.Tensor, values: torch.Tensor, counted: torch.Tensor | None
                    ) -> tuple[int, int, Callable[[int], int]]:
     """:func:`_counts` on the GPU path: the figures of :func:`count_windows`' windows, from ``counted``
-    (what the output kernel counted) or by one kernel (``gpu_decode.group_counts``), read back once."""
-    from .gpu_decode import group_counts, read_counts
-
+    (what the output kernel counted) or by one kernel (``gpu.group_counts``), read back once."""
     k = cands.numel()
     if not k:
         return 0, 0, lambda group: 0
     windows = count_windows(k)
     if counted is not None:
-        union, size, grouped = read_counts(counted, windows[0])
+        union, size, grouped = gpu.read_counts(counted, windows[0])
     else:
-        union, size, grouped = group_counts(cands, values, *windows)
+        union, size, grouped = gpu.group_counts(cands, values, *windows)
     if union and not size:  # the union lies between the windows: count all of it
-        union, size, grouped = group_counts(cands, values, *_whole(k), _WINDOW)
+        union, size, grouped = gpu.group_counts(cands, values, *_whole(k), _WINDOW)
     return union, size, grouped.__getitem__
 
 

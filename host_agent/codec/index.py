@@ -27,8 +27,8 @@ import torch
 
 from . import gpu
 from .bits import pack_bits, set_bits, words_from_positions
+from .cpu import kernel_threads, native, require_native
 from .hashing import MASK32, hash_items, mix32, reduce_range
-from .native import kernel_threads, native, require_native
 
 PATTERN_BITS = 12
 _PATTERNS = 1 << PATTERN_BITS
@@ -200,10 +200,8 @@ def bloom_masks(spec: IndexSpec, device: torch.device) -> torch.Tensor | None:
 def encode_index(spec: IndexSpec, items: torch.Tensor) -> torch.Tensor:
     """This worker's index words (int32) for its sorted, distinct item numbers."""
     if gpu.on_path():  # one kernel ORs every item's bit or pattern (an entry met twice ORs it again)
-        from .gpu_encode import encode_index as encode_index_triton
-
         masks = bloom_masks(spec, items.device)
-        return encode_index_triton(spec.kind, items, spec.group, spec.words, spec.seed & MASK32, masks)
+        return gpu.encode_index(spec.kind, items, spec.group, spec.words, spec.seed & MASK32, masks)
     entries = group_entries(items, spec.group)
     if spec.kind == "bitmap":
         return words_from_positions(entries, spec.words)
@@ -233,12 +231,9 @@ def query_index(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
 def query_index_triton(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
     """:func:`query_index` on the GPU path: the Bloom filter's hit bits (one kernel) or the bitmap, then
     their items, groups expanded (two kernels)."""
-    from .gpu_decode import set_bit_items
-    from .gpu_encode import bloom_hits
-
     if spec.kind == "bloom":
-        words = bloom_hits(words, spec.entries, spec.seed & MASK32, _patterns(spec.k, words.device)[0])
-    return set_bit_items(words, spec.entries, spec.group, spec.n_items)
+        words = gpu.bloom_hits(words, spec.entries, spec.seed & MASK32, _patterns(spec.k, words.device)[0])
+    return gpu.set_bit_items(words, spec.entries, spec.group, spec.n_items)
 
 
 def query_bloom_native(spec: IndexSpec, words: torch.Tensor, threads: int | None = None) -> torch.Tensor:

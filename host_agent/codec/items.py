@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .bits import nonzero_positions
-from .native import kernel_threads, native
+from .cpu import kernel_threads, native
 
 _SCAN_DTYPES = (torch.float32, torch.int32)
 

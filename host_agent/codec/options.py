@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass
 
 from .gpu import KERNEL_CHOICES
-from .sketch import DEFAULT_MARGIN, LAYOUTS, TABLES
+from .sketch import DEFAULT_MARGIN, LAYOUTS
+from .sketch_spec import TABLES
 
 MODES = ("sketch", "union", "dense")
 INDEX_KINDS = ("auto", "bitmap", "bloom")

@@ -20,7 +20,7 @@ and values (tested against each other):
   ``gather``, ``scatter_add_`` and ``index_select`` on 1-D tensors are several times faster than advanced
   indexing (``t[idx]``) and a sort, so the loop uses only those. In the fused layout the rounds follow
   the wave along the chain of segments: hundreds of small rounds;
-* ``gpu_peel.py``, on the GPU path: the same rounds in one persistent Triton kernel, a grid-wide barrier
+* ``gpu/peeling.py``, on the GPU path: the same rounds in one persistent Triton kernel, a grid-wide barrier
   between rounds instead of a host round trip and several launches per round;
 * ``kernels_peel.c``, a compiled kernel for CPU tensors, built when the package is installed with a C
   compiler present: candidates inserted start segment by start segment, and each segment peeled as soon
@@ -38,8 +38,9 @@ import torch
 
 from . import gpu
 from .arith import wrap_int32
-from .native import kernel_threads, native, require_native
-from .sketch import SketchSpec, cell_ids
+from .cpu import kernel_threads, native, require_native
+from .sketch import cell_ids
+from .sketch_spec import SketchSpec
 
 
 @dataclass
@@ -65,9 +66,7 @@ def peel(spec: SketchSpec, items: torch.Tensor, cells: torch.Tensor) -> PeelResu
     """Peel the aggregated sketch ``cells`` ((spec.cells, block) int32) over the candidate ``items`` (int64,
     distinct). Neither input is modified."""
     if gpu.on_path():
-        from .gpu_peel import peel as peel_triton
-
-        return peel_triton(spec, items, cells)
+        return PeelResult(*gpu.peel(spec, items, cells))
     if cells.device.type == "cpu" and native is not None:
         return peel_native(spec, items, cells)
     return peel_parallel(cell_ids(spec, items), cells)

@@ -8,7 +8,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from . import launches
+from . import gpu
 
 
 class PhaseClock:
@@ -16,7 +16,7 @@ class PhaseClock:
 
     A timed block may also name its stage (``clock("decode", "peel")``): ``stages`` then holds the
     seconds of each ``"phase.stage"``, the profile ``lhc-bench codec`` prints beside the totals. Device
-    operations counted in a block (:mod:`.launches`) count for its phase, timed or not."""
+    operations counted in a block (``gpu.counting``) count for its phase, timed or not."""
 
     def __init__(self, enabled: bool, device: torch.device) -> None:
         self.enabled = enabled
@@ -27,7 +27,7 @@ class PhaseClock:
 
     @contextmanager
     def __call__(self, phase: str, stage: str | None = None) -> Iterator[None]:
-        counter = launches.active()
+        counter = gpu.active_counter()
         with counter.in_phase(phase) if counter is not None else nullcontext():
             if not self.enabled:
                 yield

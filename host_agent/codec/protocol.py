@@ -11,7 +11,9 @@ returns the next :class:`Round` (its messages and the state that will read their
   (-> ``_dense_round`` once more if an assumed scale did not hold)
 
 Every decision is taken from aggregated words, identical on every worker, or from options the agreement
-message proved identical; so all workers walk the same states and send the same lengths.
+message proved identical; so all workers walk the same states and send the same lengths. The states'
+reading of the header and the scale rule are ``header_steps.py``'s, the compute steps whose work differs
+on the GPU path ``steps.py``'s; both are mixed into :class:`Rounds`.
 
 A NaN or inf in any worker's input ends the aggregation in the state that reads the header (every worker
 learns it there, from the header's NONFINITE word) with an all-NaN total on every worker: the non-finite
@@ -29,30 +31,18 @@ import torch
 
 from lhc_ina.constants import LANE_BYTES, LANES, Op
 
-from . import gpu
-from .agreement import check_agreement
 from .granularity import choose_group
 from .hashing import derive_seed
+from .header_steps import HeaderSteps
 from .index import IndexSpec, choose_index, encode_index, expected_false_positives, query_index
 from .items import gather_items, item_count, nonzero_rows, support_items
 from .options import Options
 from .output import OutputRange
 from .peeling import peel
 from .phase_clock import PhaseClock
-from .quantize import (
-    FLOAT_DTYPES,
-    HEADER_WORDS,
-    MAX_FIELD,
-    SCALE_SLACK,
-    exponent_field,
-    header_words,
-    int_in_bound,
-    nonfinite_ranks,
-    parse_header,
-    scale_for,
-    scale_holds,
-)
-from .sketch import SketchSpec, cells_per_candidate, encode_sketch, sketch_cells
+from .quantize import FLOAT_DTYPES, HEADER_WORDS, SCALE_SLACK, scale_for, scale_holds
+from .sketch import cells_per_candidate, encode_sketch, sketch_cells
+from .sketch_spec import SketchSpec
 from .state import BucketShape, CodecState
 from .steps import Lead, Steps
 
@@ -82,7 +72,7 @@ class Outcome:
     state: CodecState
 
 
-class Rounds(Steps):
+class Rounds(HeaderSteps, Steps):
     """The protocol state of one worker for one aggregation (see the module docstring)."""
 
     def __init__(
@@ -124,55 +114,9 @@ class Rounds(Steps):
         self.received: Results = {}
 
     # --- helpers ---------------------------------------------------------------------------------
-    def agreement(self, words: torch.Tensor) -> None:
-        """Check the summed agreement message (cheap: called as soon as it arrives)."""
-        self.item_sum = check_agreement(words, self.world)
-
-    def _header(self, values: torch.Tensor, support_complete: bool = True) -> torch.Tensor:
-        field, finite, in_bound = None, True, True
-        if self.is_float:
-            field, finite = exponent_field(values)
-        else:
-            in_bound = int_in_bound(values, self.world)
-        return self._header_of(field, finite, in_bound, support_complete)
-
-    def _header_of(self, field: int | None, finite: bool, in_bound: bool, support_complete: bool = True
-                   ) -> torch.Tensor:
-        """This worker's header, on the host (it leaves with the agreement: :meth:`_send_lead`)."""
-        self.finite = finite
-        with gpu.on_host():
-            return header_words(field, self.rank, finite=finite, in_bound=in_bound,
-                                support_complete=support_complete, device=torch.device("cpu"))
-
-    def _assumed_field(self) -> int | None:
-        if not self.is_float or self.state.exponent is None:
-            return None
-        return min(self.state.exponent + self.opts.headroom, MAX_FIELD)
-
-    def _settle_scale(self) -> None:
-        """The one rule every mode follows once the agreed exponent is known: the assumed scale when it
-        held, else the agreed one (and the assumption is dropped). So modes quantize a bucket identically,
-        given the same state, and the host agent's ``auto`` may switch modes without changing a bit."""
-        if self.assumed is not None and not scale_holds(self.agreed, self.assumed, self.lag):
-            self.assumed = None
-        self.scale = scale_for(self.agreed if self.assumed is None else self.assumed, self.world)
-
     def _output(self) -> torch.Tensor:
         """Where the total goes (not zeroed: every caller writes all of it)."""
         return self.x.new_empty(self.output_range.size) if self.out is None else self.out
-
-    def _parse_header(self, kind: str) -> bool:
-        """Read the OR of the headers, the first words of the ``kind`` message's aggregate; True when some
-        worker's input was not finite (the caller then ends the aggregation with
-        :meth:`_nonfinite_outcome`). Read from the aggregate as it was received: a transport delivers it
-        on the host, where reading costs no device operation; else it is read back."""
-        with self.clock("decode"):
-            words = self.received[kind][:HEADER_WORDS]
-            host = words if words.device.type == "cpu" else gpu.read_back(words)
-            with gpu.on_host():
-                self.nonfinite = nonfinite_ranks(host)
-                self.agreed = parse_header(host, self.world)
-        return bool(self.nonfinite)
 
     def _nonfinite_outcome(self) -> Outcome:
         """All-NaN on every worker; the bucket's state keeps its estimates (this round measured nothing)."""

@@ -70,10 +70,11 @@ import torch
 from host_agent.errors import AggregationError
 from lhc_ina.constants import FRAME_BYTES, LANES, MAX_WORKERS, PAYLOAD_BYTES
 
-from . import gpu, launches
+from . import gpu
 from .agreement import parameter_digest
+from .cpu import kernels_in_use
+from .gpu import to_device
 from .items import check_support_indices
-from .native import kernels_in_use
 from .options import DEFAULT_HEADROOM, Options, is_int
 from .output import OutputRange
 from .phase_clock import PhaseClock
@@ -81,7 +82,6 @@ from .protocol import HOST_KINDS, Outcome, Results, Round, Rounds
 from .quantize import FLOAT_DTYPES, INT_DTYPES
 from .sketch import DEFAULT_MARGIN, resolve_layout
 from .state import BucketShape, CodecState, Message, WorkerResult
-from .transfer import to_device
 
 _T = TypeVar("_T")
 PROTOCOL_VERSION = 4  # part of the agreement digest: workers running different codecs disagree
@@ -170,7 +170,7 @@ class WorkerSession:
         self.x, self.rank, self.world_size, self.options, self.state = x, rank, world_size, options, state
         digest = parameter_digest(("lhc-codec", PROTOCOL_VERSION, world_size, shape, options.shared(), state))
         self._clock = PhaseClock(timing, x.device)
-        self._launches = launches.LaunchCounter(x.device) if count_launches else None
+        self._launches = gpu.LaunchCounter(x.device) if count_launches else None
         self._rounds = Rounds(x, rank, world_size, options, state, digest, shape, support, out, output,
                               self._clock, triton=self._path == "triton")
         if reset:
@@ -255,16 +255,16 @@ class WorkerSession:
         with gpu.path(self._path):
             if not self._started:
                 self._started = True
-                with launches.counting(self._launches, "encode"):
+                with gpu.counting(self._launches, "encode"):
                     step = self._guarded(self._rounds.start)
             else:
                 assert self._next is not None
                 # what is read on the host (the agreement, the header) stays where it is
-                with launches.counting(self._launches, "transfer"):
+                with gpu.counting(self._launches, "transfer"):
                     results = {kind: to_device(words, self.x.device) for kind, words in self._results.items()
                                if kind not in HOST_KINDS}
                 self._rounds.received, self._results = self._results, {}
-                with launches.counting(self._launches, "decode"):
+                with gpu.counting(self._launches, "decode"):
                     step = self._guarded(self._next.then, results)
         if isinstance(step, Outcome):
             self._next = None

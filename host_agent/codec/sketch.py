@@ -26,28 +26,21 @@ whole packets; ``threshold`` is the measured peeling threshold of the layout at 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from . import gpu
 from .arith import wrap_int32
-from .hashing import derive_seed, hash_items, reduce_range
-from .native import kernel_threads, native
+from .cpu import kernel_threads, native
+from .hashing import hash_items, reduce_range
+from .sketch_spec import FUSE_MIN_CELLS, TABLES, SketchSpec
 
-TABLES = 3
 PEEL_THRESHOLD = 1.2218
 DEFAULT_MARGIN = 0.03
-FUSE_ARITY = 4
-#: Below this many cells the plain layout is used: a chain of fewer than ~21 start segments peels
-#: worse than its fitted threshold (measured: 1-2% failures at 2,000-5,000 candidates, none in 300 trials
-#: each from 10,000; docs/codec.md). From here the fused rule needs 3-7% fewer cells than the plain one.
-FUSE_MIN_CELLS = 1 << 14
 #: Fused threshold ~= 1.006 + 2.1 / K^(1/4) cells per candidate, at least 1.065 (fitted to measured
 #: peeling, docs/codec.md). Only IEEE-exact operations (sqrt, *, +): every worker gets the same cells.
 _FUSE_FLOOR, _FUSE_BASE, _FUSE_SCALE = 1.065, 1.006, 2.1
 _FUSE_SLACK = 64
-_START_TAG = 15  # derive_seed purpose of the start-segment hash (tables use 0..arity-1)
 #: The layouts a job may ask for: ``fused`` from FUSE_MIN_CELLS up (plain below), or ``plain`` always.
 LAYOUTS = ("fused", "plain")
 
@@ -58,52 +51,6 @@ def resolve_layout(layout: str, device: torch.device) -> str:
     if layout != "auto":
         return layout
     return "plain" if device.type == "cuda" else "fused"
-
-
-def fuse_starts(cells: int) -> int:
-    """Start segments of a fused sketch of ``cells`` cells: ~sqrt(cells) / 6, so a segment holds ~6
-    sqrt(cells) cells (fewer segments peel worse near the chain's ends, more take torch more rounds)."""
-    return max(1, math.isqrt(cells) // 6)
-
-
-@dataclass(frozen=True)
-class SketchSpec:
-    """The agreed shape of one round's sketch (identical on every worker); the layout follows from it."""
-
-    cells: int
-    block: int
-    seed: int
-    layout: str = "fused"
-
-    @property
-    def fused(self) -> bool:
-        return self.layout == "fused" and self.cells >= FUSE_MIN_CELLS
-
-    @property
-    def arity(self) -> int:
-        return FUSE_ARITY if self.fused else TABLES
-
-    @property
-    def starts(self) -> int:
-        return fuse_starts(self.cells) if self.fused else 1
-
-    @property
-    def segment_cells(self) -> int:
-        """Cells per segment; the last ``cells % segments`` cells are never used (always zero)."""
-        return self.cells // (self.starts + self.arity - 1)
-
-    @property
-    def words(self) -> int:
-        return self.cells * self.block
-
-    def seeds(self) -> tuple[int, tuple[int, ...]]:
-        """(start-segment seed, per-cell seeds): hashes fresh per bucket and round (the spec's seed)."""
-        return derive_seed(self.seed, _START_TAG), tuple(derive_seed(self.seed, t) for t in range(self.arity))
-
-    def geometry(self) -> tuple:
-        """The layout as the C kernels take it."""
-        start_seed, seeds = self.seeds()
-        return (self.arity, self.starts, self.segment_cells, self.block, start_seed, seeds)
 
 
 def fuse_threshold(candidates: float) -> float:
@@ -159,9 +106,7 @@ def encode_sketch(spec: SketchSpec, items: torch.Tensor, values: torch.Tensor) -
     accumulates in int64 and wraps to int32 at the end (the same words).
     """
     if gpu.on_path():
-        from .gpu_encode import encode_sketch as encode_sketch_triton
-
-        return encode_sketch_triton(spec, items, values, None, False)
+        return gpu.encode_sketch(spec, items, values, None, False)
     if items.device.type == "cpu" and native is not None:
         return encode_sketch_native(spec, items, values)
     return encode_sketch_torch(spec, items, values)

@@ -1,8 +1,8 @@
 """The compute steps of a worker's rounds whose work differs on the GPU path: quantizing and dequantizing,
 the first round's lead (the agreement and the header), the index round's messages, the candidates'
-values, the scan, the output. On the GPU path each is one or two Triton kernels (``gpu_encode``,
-``gpu_decode``) that fuse what the torch code does in several passes; elsewhere the torch code or the CPU
-kernels. ``protocol.Rounds`` takes them from here.
+values, the scan, the output. On the GPU path each is one or two Triton kernels (``gpu/encoding.py``,
+``gpu/decoding.py``, called through the face ``gpu``) that fuse what the torch code does in several
+passes; elsewhere the torch code or the CPU kernels. ``protocol.Rounds`` takes them from here.
 """
 
 from __future__ import annotations
@@ -55,13 +55,11 @@ class Steps:
     def _encode_triton(self, lead: Lead | None, scan_lead: bool) -> list[Step]:
         """The index round's messages on the GPU path, views of one device buffer: [agreement | header
         | index | sketch], zeroed by one fill. The index and the sketch are written in place by one pass
-        over the bucket (``gpu_encode.encode_bucket``) or, where the support was given, from its items.
+        over the bucket (``gpu.encode_bucket``) or, where the support was given, from its items.
         Where ``scan_lead``, that pass also finds the lead's figures and one more kernel writes the lead
-        from them (``gpu_encode.encode_lead``): nothing is read back, so the host does not wait (nor
+        from them (``gpu.encode_lead``): nothing is read back, so the host does not wait (nor
         learn whether its own input is finite: the aggregated header says so to every worker). A lead
         made on the host arrives in one copy."""
-        from .gpu_encode import encode_bucket, encode_index, encode_lead, encode_sketch
-
         spec, sketch = self.index, self.sketch
         assert spec is not None
         first = 0 if lead is None and not scan_lead else AGREE_WORDS + HEADER_WORDS
@@ -70,16 +68,16 @@ class Steps:
         masks = bloom_masks(spec, self.x.device)
         scale, clamp = self.scale if self.is_float else None, self.assumed is not None
         if self.support is None:
-            stats = encode_bucket(self.x, self.block, spec.kind, spec.group, spec.seed & MASK32, masks,
+            stats = gpu.encode_bucket(self.x, self.block, spec.kind, spec.group, spec.seed & MASK32, masks,
                                   words[first:end], sketch, words[end:], scale, clamp)
             if scan_lead:
-                encode_lead(stats, words[:first], self.rank, self.digest, self.world, self.is_float,
+                gpu.encode_lead(stats, words[:first], self.rank, self.digest, self.world, self.is_float,
                             words[end:] if sketch is not None else None)
         else:
-            encode_index(spec.kind, self.items, spec.group, spec.words, spec.seed & MASK32, masks,
+            gpu.encode_index(spec.kind, self.items, spec.group, spec.words, spec.seed & MASK32, masks,
                          out=words[first:end])
             if sketch is not None and self.finite:  # else zeros: the header says to discard them
-                encode_sketch(sketch, self.items, self.rows, scale, clamp, out=words[end:])
+                gpu.encode_sketch(sketch, self.items, self.rows, scale, clamp, out=words[end:])
         if lead is not None:
             gpu.send_into(words[:first], self._lead_words(lead))
         messages: list[Step] = [(Op.ADD, "agree", words[:AGREE_WORDS])] if first else []
@@ -107,12 +105,10 @@ class Steps:
     def _scan_triton(self) -> Lead:
         """This worker's item count and header from one pass over its bucket (one kernel, one
         read-back)."""
-        from .gpu_encode import scan_nonzero
-
-        return self._lead_of(scan_nonzero(self.x, self.block))
+        return self._lead_of(gpu.scan_nonzero(self.x, self.block))
 
     def _lead_of(self, scan) -> Lead:
-        """The lead of a scan's figures (``gpu_encode.Scan``)."""
+        """The lead of a scan's figures (``gpu.scan_nonzero``'s ``Scan``)."""
         bound = int_bound(self.world)
         in_bound = -bound <= scan.lo and scan.hi <= bound
         return Lead(scan.items, self._header_of(scan.field, scan.finite, in_bound))
@@ -123,16 +119,12 @@ class Steps:
             return self._quantize(gather_items(self.x, cands, self.block))
         if not self.finite:
             return torch.zeros((cands.numel(), self.block), dtype=torch.int32, device=self.x.device)
-        from .gpu_encode import gather_quantize
-
-        return gather_quantize(self.x, cands, self.block, self.scale if self.is_float else None)
+        return gpu.gather_quantize(self.x, cands, self.block, self.scale if self.is_float else None)
 
     def _fill_triton(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The output, written by one kernel that dequantizes too and counts what the granularity choice
         reads (returned on the device), and the candidates' rows in the range (for the stats: the whole
         range needs no search for them)."""
-        from .gpu_decode import fill_output
-
         whole = self.output_range.lo == 0 and self.output_range.hi == self.x.numel()
         rows = self.values if whole else self.values[self.output_range.candidates(self.cands, self.block)]
         scale = None
@@ -140,6 +132,6 @@ class Steps:
             check_sum_range(self.values, self.scale or 0, self.agreed, self.world, self.x.dtype)
             scale = self.scale or 0
         total = self._output()
-        counted = fill_output(total, self.output_range.lo, self.cands, self.values, self.block, scale,
+        counted = gpu.fill_output(total, self.output_range.lo, self.cands, self.values, self.block, scale,
                               count_windows(self.cands.numel()))
         return total, rows, counted

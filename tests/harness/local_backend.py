@@ -15,7 +15,7 @@ import torch
 
 from host_agent.agent_backend import Backend
 from host_agent.codec import reduce_words
-from host_agent.codec.transfer import to_host
+from host_agent.codec.gpu import to_host
 from host_agent.errors import AggregationError
 from lhc_ina.constants import Op
 

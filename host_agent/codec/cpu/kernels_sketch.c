@@ -1,10 +1,8 @@
 /*
- * Sketch encoding in order of start segment (in cache, see kernels_sort.c), and the two-thread helper
- * (see kernels.h).
+ * Sketch encoding in order of start segment (in cache, see kernels_sort.c).
  */
 #include "kernels.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -84,29 +82,4 @@ void encode_sketch(int64_t k, const struct geometry *g, const int64_t *items, co
         encode_starts(&left);
     }
     free_by_start(&sorted);
-}
-
-struct pair_call {
-    void (*fn)(void *);
-    void *arg;
-};
-
-static void *pair_main(void *p)
-{
-    struct pair_call *c = p;
-    c->fn(c->arg);
-    return NULL;
-}
-
-void run_pair(void (*fn)(void *), void *arg_a, void *arg_b, int threads)
-{
-    pthread_t thread;
-    struct pair_call call = {fn, arg_a};
-    if (threads > 1 && pthread_create(&thread, NULL, pair_main, &call) == 0) {
-        fn(arg_b);
-        pthread_join(thread, NULL);
-        return;
-    }
-    fn(arg_a);
-    fn(arg_b);
 }

@@ -19,8 +19,8 @@
 #endif
 
 /* Hand-vectorized AVX2 paths (hashes, Bloom gathers), taken where the CPU has AVX2 and simd_allowed
- * (kernels_hash.c; native.py clears it under LHC_CODEC_SIMD=scalar, so that the scalar loops beside them,
- * which compute the same bits, can run and be tested on any CPU). */
+ * (kernels_hash.c; cpu/__init__.py clears it under LHC_CODEC_SIMD=scalar, so that the scalar loops
+ * beside them, which compute the same bits, can run and be tested on any CPU). */
 extern int simd_allowed;
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -150,7 +150,7 @@ int64_t unsort_by_start(const struct geometry *g, int64_t k, struct by_start *s,
 void free_by_start(struct by_start *s);
 
 /* Run fn(arg_a) on a second thread and fn(arg_b) on this one, or both here when no thread can be
- * started: the results never depend on which. */
+ * started: the results never depend on which (kernels_threads.c). */
 void run_pair(void (*fn)(void *), void *arg_a, void *arg_b, int threads);
 
 /* peel_sketch returns how many candidates it peeled, -1 without memory, or PEEL_TOO_MANY where its

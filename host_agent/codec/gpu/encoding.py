@@ -16,15 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import agreement
-from . import quantize as header
-from .gpu import launch, next_pow2, read_back, sizes
-from .gpu_jit import cell_ids, hash_items, quantize, reduce_range
-from .index import PATTERN_BITS
-from .sketch import SketchSpec
+from .. import agreement
+from .. import quantize as header
+from ..sketch_spec import SketchSpec
+from .device import launch, next_pow2, read_back, sizes
+from .device_functions import cell_ids, hash_items, quantize, reduce_range
 
-#: The Bloom filter's patterns, chosen by a hash's low bits.
-PATTERN_MASK = tl.constexpr((1 << PATTERN_BITS) - 1)
 #: Where the lead's words go (``agreement`` then ``quantize``'s header).
 CLAIMS_WORD = tl.constexpr(agreement.CLAIMS_WORD)
 ITEMS_WORD = tl.constexpr(agreement.ITEMS_WORD)
@@ -165,10 +162,18 @@ def encode_lead(stats: torch.Tensor, out: torch.Tensor, rank: int, digest: int, 
            ROWS=sizes()["fill"], num_warps=sizes()["warps"])
 
 
+def pattern_mask(masks: torch.Tensor | None) -> int:
+    """The hash bits that choose a Bloom pattern: the table ``masks`` (``index.bloom_masks``, a power of two
+    long) minus one, as the C kernel takes it; 0 for a bitmap (no table)."""
+    return 0 if masks is None else masks.numel() - 1
+
+
 @triton.jit
-def _index_or(item, held, group, words, n_words, seed, masks, BLOOM: tl.constexpr):
-    """OR each held item's entry's bit (bitmap) or pattern (Bloom) into its word; an entry met twice (a
-    group of several items) ORs the same bits again."""
+def _index_or(item, held, group, words, n_words, seed, masks, BLOOM: tl.constexpr,
+              PATTERN_MASK: tl.constexpr):
+    """OR each held item's entry's bit (bitmap) or pattern (Bloom: the one a hash's low bits choose,
+    :func:`pattern_mask`) into its word; an entry met twice (a group of several items) ORs the same bits
+    again."""
     entry = item // group
     if BLOOM:
         h = hash_items(entry, seed)
@@ -196,6 +201,7 @@ def _sketch_add(item, q, both, lane, block, sketch, start_seed, s0, s1, s2, s3, 
                                "s2", "s3", "starts", "seg", "scale"])
 def _encode_bucket(x, n, n_items, block, stats, words, group, n_words, seed, masks, sketch, start_seed, s0,
                    s1, s2, s3, starts, seg, scale, IS_FLOAT: tl.constexpr, BLOOM: tl.constexpr,
+                   PATTERN_MASK: tl.constexpr,
                    SKETCH: tl.constexpr, ARITY: tl.constexpr, QUANTIZE: tl.constexpr, CLAMP: tl.constexpr,
                    ITEMS: tl.constexpr, LANES: tl.constexpr):
     """One pass over the bucket: ``items.nonzero_rows``, then ``index.encode_index`` and
@@ -204,7 +210,7 @@ def _encode_bucket(x, n, n_items, block, stats, words, group, n_words, seed, mas
     items go straight to their index bits and sketch cells."""
     item, lane, v, ok, held = _tile(x, n, n_items, block, ITEMS, LANES)
     _tile_stats(v, ok, held, stats + tl.program_id(0) * 3, IS_FLOAT)
-    _index_or(item, held, group, words, n_words, seed, masks, BLOOM)
+    _index_or(item, held, group, words, n_words, seed, masks, BLOOM, PATTERN_MASK)
     if SKETCH:
         q = quantize(v.to(tl.float32), scale, CLAMP) if QUANTIZE else v
         _sketch_add(item, q, held[:, None] & (lane[None, :] < block), lane, block, sketch, start_seed, s0, s1,
@@ -226,17 +232,20 @@ def encode_bucket(x: torch.Tensor, block: int, kind: str, group: int, seed: int,
     launch(_encode_bucket, (programs,), x, x.numel(), -(-x.numel() // block), block, stats, words, group,
            words.numel(), seed, unread if masks is None else masks, unread if spec is None else sketch,
            *layout, scale or 0, IS_FLOAT=x.dtype != torch.int32, BLOOM=kind == "bloom",
+           PATTERN_MASK=pattern_mask(masks),
            SKETCH=spec is not None, ARITY=spec.arity if spec is not None else 3, QUANTIZE=scale is not None,
            CLAMP=clamp, ITEMS=tile, LANES=lanes, num_warps=sizes()["warps"])
     return stats
 
 
 @triton.jit(do_not_specialize=["k", "group", "n_words", "seed"])
-def _index_encode(items, k, group, words, n_words, seed, masks, BLOOM: tl.constexpr, TILE: tl.constexpr):
+def _index_encode(items, k, group, words, n_words, seed, masks, BLOOM: tl.constexpr,
+                  PATTERN_MASK: tl.constexpr, TILE: tl.constexpr):
     """``index.encode_index`` of a list of items."""
     i = tl.program_id(0) * TILE + tl.arange(0, TILE)
     ok = i < k
-    _index_or(tl.load(items + i, mask=ok, other=0), ok, group, words, n_words, seed, masks, BLOOM)
+    _index_or(tl.load(items + i, mask=ok, other=0), ok, group, words, n_words, seed, masks, BLOOM,
+              PATTERN_MASK)
 
 
 def encode_index(kind: str, items: torch.Tensor, group: int, n_words: int, seed: int,
@@ -248,8 +257,8 @@ def encode_index(kind: str, items: torch.Tensor, group: int, n_words: int, seed:
     if k:
         tile = sizes()["items"]
         launch(_index_encode, (-(-k // tile),), items, k, group, words, n_words, seed,
-               words if masks is None else masks, BLOOM=kind == "bloom", TILE=tile,
-               num_warps=sizes()["warps"])
+               words if masks is None else masks, BLOOM=kind == "bloom", PATTERN_MASK=pattern_mask(masks),
+               TILE=tile, num_warps=sizes()["warps"])
     return words
 
 
@@ -318,7 +327,8 @@ def gather_quantize(x: torch.Tensor, cands: torch.Tensor, block: int, scale: int
 
 
 @triton.jit(do_not_specialize=["n_words", "entries", "seed", "n_hits"])
-def _bloom_hits(words, n_words, entries, seed, masks, hits, n_hits, WORDS: tl.constexpr):
+def _bloom_hits(words, n_words, entries, seed, masks, hits, n_hits, PATTERN_MASK: tl.constexpr,
+                WORDS: tl.constexpr):
     """``index.query_bloom_chunks``' test, 32 entries to a word of hit bits (bits of one word add
     without carries, so their sum is their OR)."""
     w = tl.program_id(0) * WORDS + tl.arange(0, WORDS)
@@ -339,5 +349,5 @@ def bloom_hits(words: torch.Tensor, entries: int, seed: int, masks: torch.Tensor
     hits = torch.empty(n_hits, dtype=torch.int32, device=words.device)
     tile = sizes()["words"]
     launch(_bloom_hits, (-(-n_hits // tile),), words, words.numel(), entries, seed, masks, hits, n_hits,
-           WORDS=tile, num_warps=sizes()["warps"])
+           PATTERN_MASK=pattern_mask(masks), WORDS=tile, num_warps=sizes()["warps"])
     return hits

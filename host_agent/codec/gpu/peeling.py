@@ -31,11 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .gpu import launch, next_pow2, persistent_programs, read_back, sizes
-from .gpu_encode import seed_args
-from .gpu_jit import cell_ids, grid_sync
-from .peeling import PeelResult
-from .sketch import SketchSpec
+from ..sketch_spec import SketchSpec
+from .device import launch, next_pow2, persistent_programs, read_back, sizes
+from .device_functions import cell_ids, grid_sync
+from .encoding import seed_args
 
 ONE = tl.constexpr(1 << 40)  # a candidate's weight in its cells' states: count * 2^40 + position
 POSITION = tl.constexpr((1 << 40) - 1)
@@ -139,9 +138,11 @@ def _peel(cands, cells, acc, state, queue, claimed, values, peeled, ctl, k, m, b
         tl.store(ctl + ROUNDS, rounds)
 
 
-def peel(spec: SketchSpec, cands: torch.Tensor, cells: torch.Tensor) -> PeelResult:
+def peel(spec: SketchSpec, cands: torch.Tensor, cells: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
     """``peeling.peel`` on the device of ``cands`` and ``cells`` ((spec.cells, block) int32): one zeroed
-    scratch buffer, one kernel, one read-back of what it found."""
+    scratch buffer, one kernel, one read-back of what it found. Returns the fields of ``peeling.PeelResult``
+    (values, peeled, rounds, complete), which the reference builds: the kernel does not import it."""
     k = cands.numel()
     m, block = spec.cells, spec.block
     if k >= 1 << 31:
@@ -158,7 +159,7 @@ def peel(spec: SketchSpec, cands: torch.Tensor, cells: torch.Tensor) -> PeelResu
     values = scratch[at[3] : at[4]].view(k, block)
     peeled = scratch[at[4] :].view(torch.uint8)[:k]
     if not k:
-        return PeelResult(values, peeled.view(torch.bool), 0, True)
+        return values, peeled.view(torch.bool), 0, True
     acc = torch.empty(m * block, dtype=torch.int32, device=device)
     queue = torch.empty(m, dtype=torch.int32, device=device)
     lanes = next_pow2(block)
@@ -169,4 +170,4 @@ def peel(spec: SketchSpec, cands: torch.Tensor, cells: torch.Tensor) -> PeelResu
                PROGRAMS=programs, TILE=max(1, sizes()["peel"] // lanes), LANES=lanes,
                num_warps=sizes()["warps"])
         found, rounds = read_back(ctl[FOUND.value : ROUNDS.value + 1]).tolist()
-    return PeelResult(values, peeled.view(torch.bool), rounds, found == k)
+    return values, peeled.view(torch.bool), rounds, found == k

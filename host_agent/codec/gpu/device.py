@@ -1,14 +1,11 @@
-"""The codec's GPU path: Triton kernels for CUDA tensors, the torch reference as the named fallback.
+"""The device as the GPU kernels meet it: whether Triton is there and runs interpreted, every launch and
+copy between host and device counted (:mod:`.launches`), the tile sizes.
 
-Which path a session takes is decided once, when it is made (:func:`choose_path`), and holds for all its
-rounds (:func:`on_path`): ``"triton"`` for a CUDA tensor where Triton imports, ``"torch"`` (the torch
-reference, ``peeling.peel_parallel`` and friends) for a CUDA tensor without Triton or with
-``LHC_CODEC_GPU=torch``, and the CPU's own choice (compiled kernels, else torch) for a CPU tensor. A
-session may ask for the Triton path on a CPU tensor (``kernels="triton"``): that runs the same kernels
-in Triton's interpreter (``TRITON_INTERPRET=1`` set before Triton is imported), which is how the tests
-hold them to the CPU kernels bit for bit, and how a CPU machine counts the launches the GPU would make.
-
-Every kernel launch goes through :func:`launch`, which notes it for :mod:`.launches`.
+Every kernel launch goes through :func:`launch`, which notes it for :mod:`.launches`; every copy through
+:func:`read_back`, :func:`send` or :func:`send_into` (pinned buffers, :mod:`.transfer`). Under Triton's
+interpreter (``TRITON_INTERPRET=1`` set before Triton is imported) the same kernels run on CPU tensors,
+which is how the tests hold them to the CPU kernels bit for bit and how a CPU machine counts the launches
+a GPU would make.
 """
 
 from __future__ import annotations
@@ -17,19 +14,12 @@ import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from types import ModuleType
 
 import torch
 
 from . import launches
 from .transfer import to_device, to_device_into, to_host
-
-GPU_VARIABLE = "LHC_CODEC_GPU"
-_choice = os.environ.get(GPU_VARIABLE, "triton")
-if _choice not in ("triton", "torch"):
-    raise ValueError(f"{GPU_VARIABLE} must be 'triton' or 'torch', not {_choice!r}")
-KERNEL_CHOICES = ("auto", "triton")
 
 
 def interpreting() -> bool:
@@ -68,40 +58,6 @@ def interpreter_scalars() -> None:
 
 def triton_available() -> bool:
     return triton_module() is not None
-
-
-def choose_path(device: torch.device, kernels: str) -> str:
-    """``"triton"``, or ``""`` for the device's other path (see the module docstring); a request the
-    machine cannot honour is a ValueError naming what is missing."""
-    if kernels not in KERNEL_CHOICES:
-        raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, not {kernels!r}")
-    if kernels == "triton":
-        if not triton_available():
-            raise ValueError("kernels='triton' needs Triton (pip install triton, or the extra 'gpu')")
-        if device.type == "cpu" and not interpreting():
-            raise ValueError("kernels='triton' on a CPU tensor needs TRITON_INTERPRET=1 set before Triton "
-                             "is imported (the interpreter runs the GPU kernels on the CPU)")
-        return "triton"
-    if device.type == "cuda" and _choice == "triton" and triton_available():
-        return "triton"
-    return ""
-
-
-_path: ContextVar[str] = ContextVar("lhc_codec_path", default="")
-
-
-def on_path() -> bool:
-    """Whether the running session takes the Triton path."""
-    return _path.get() == "triton"
-
-
-@contextmanager
-def path(name: str) -> Iterator[None]:
-    token = _path.set(name)
-    try:
-        yield
-    finally:
-        _path.reset(token)
 
 
 def launch(kernel, grid: tuple[int, ...], *args, **meta) -> None:

@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .gpu import launch, next_pow2, read_back, send, sizes
-from .gpu_jit import dequantize, maximum, rows_nonzero
+from .device import launch, next_pow2, read_back, send, sizes
+from .device_functions import dequantize, maximum, rows_nonzero
 
 
 @triton.jit(do_not_specialize=["n_bits", "group", "n_items"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .gpu import interpreter_scalars, interpreting
+from .device import interpreter_scalars, interpreting
 
 if interpreting():
     interpreter_scalars()

@@ -1,7 +1,9 @@
-"""The compiled CPU kernels (``_kernels.c``), or None where the package was installed without a C compiler.
+"""The codec's compiled CPU kernels (``_kernels.c`` and its ``kernels_*.c`` beside this file) behind this
+one face, their loader: :data:`native` is the extension, or None where the package was installed without a
+C compiler. The algorithm (``host_agent/codec/*.py``) asks here and nowhere else.
 
-Callers use them for CPU tensors when present and fall back to their torch code otherwise; both give the
-same results (tested), the kernels only faster.
+Callers use the kernels for CPU tensors when present and fall back to their torch code otherwise; both
+give the same results (tested), the kernels only faster. Each C function names its torch twin.
 
 The peeling and the nonzero scan split a large bucket between two threads (their results never depend on
 it). ``LHC_CODEC_THREADS`` sets how many they may use (1 turns threading off); by default as many as this

@@ -75,7 +75,7 @@ def resolve_device(device: torch.device | str) -> torch.device:
 _active: ContextVar[LaunchCounter | None] = ContextVar("lhc_launch_counter", default=None)
 
 
-def active() -> LaunchCounter | None:
+def active_counter() -> LaunchCounter | None:
     return _active.get()
 
 

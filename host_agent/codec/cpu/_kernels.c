@@ -13,7 +13,7 @@
  *
  * Interface (called from peeling.py, sketch.py, items.py, bits.py and index.py, which check the dtypes,
  * shapes and contiguity of the tensors whose addresses they pass):
- *   geometry = (arity, starts, seg, block, start_seed, (seed_0, ..)): sketch.SketchSpec's layout
+ *   geometry = (arity, starts, seg, block, start_seed, (seed_0, ..)): sketch_spec.SketchSpec's layout
  *   peel(k, geometry, items, cells, values, peeled, threads) -> how many it peeled, or None where its
  *     records cannot count the candidates (2^26 or more, or 32 in one cell; values and peeled untouched)
  *     items   const int64[k]          the candidates' item numbers (distinct, < 2^32)
