@@ -40,6 +40,8 @@ def _tensor_copy(words: np.ndarray) -> torch.Tensor:
 class SwitchBackend(Backend):
     """One member of a job on the switch; see :meth:`join`."""
 
+    path = "switch"
+
     def __init__(self, client: JobClient, job: str, joined: Joined, channel: Channel, *,
                  timeout_s: float, heartbeat_s: float, engine: str | None = None) -> None:
         self.client = client
@@ -48,11 +50,10 @@ class SwitchBackend(Backend):
         self.rank = joined.rank
         self.world_size = joined.job.workers
         self.channel = channel
-        who = StreamIdentity(joined.job_id, joined.rank, joined.epoch, joined.slot_count)
-        self.stream = PacketStream(channel, who, self.world_size, timeout_s=timeout_s,
-                                   diagnose=self._diagnose, native=_engine_choice(engine),
-                                   deliver=_tensor_copy)
+        self._engine = engine
+        self.stream = self._new_stream(joined.epoch, timeout_s)
         self._left = False
+        self._fallen_epoch: int | None = None  # the epoch under which the path layer left the switch
         self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change)
 
     @classmethod
@@ -69,7 +70,7 @@ class SwitchBackend(Backend):
         controller's certificate) default to ``LHC_TOKEN_FILE`` and ``LHC_TLS_*``."""
         _engine_choice(engine)
         token, tls = from_environment(token, tls)
-        client = JobClient(controller, token=token, tls=tls)
+        client = JobClient(controller, token=token, tls=tls, timeout=min(30.0, install_timeout_s))
         channel = Channel((ip, udp_port), impairment=impairment or Impairment())
         try:
             joined = client.join(job, udp_port=channel.local[1], ip="" if host else ip, host=host, name=name)
@@ -105,6 +106,31 @@ class SwitchBackend(Backend):
         self.stream.fail(error if isinstance(error, AggregationError) else AggregationError(str(error)))
         self.heartbeats.stop()
         self._leave()
+
+    # --- the path layer (host_agent.paths) -------------------------------------------------------------
+    def leave_path(self) -> None:
+        """The ranks went on over the hosts: stop the stream (it sends nothing more) and remember its
+        epoch; the membership and its heartbeats stay, so that the job can be used again."""
+        self._fallen_epoch = self.stream.who.epoch
+        self.stream.close()
+
+    def return_epoch(self) -> int:
+        """The epoch a new stream could use: the job installed under an epoch newer than the one the
+        path left (a switch back empty, a job re-admitted), else 0."""
+        info = self.heartbeats.latest
+        usable = info is not None and info.state == pb.ACTIVE and info.installed
+        return info.epoch if usable and info.epoch != self._fallen_epoch else 0
+
+    def reopen(self, epoch: int) -> None:
+        """A fresh stream under ``epoch``, from position 0 (every rank does it at the same call)."""
+        self.stream.close()
+        self.stream = self._new_stream(epoch, self.stream.timeout_s)
+        self._fallen_epoch = None
+
+    def _new_stream(self, epoch: int, timeout_s: float) -> PacketStream:
+        who = StreamIdentity(self.joined.job_id, self.rank, epoch, self.joined.slot_count)
+        return PacketStream(self.channel, who, self.world_size, timeout_s=timeout_s, diagnose=self._diagnose,
+                            native=_engine_choice(self._engine), deliver=_tensor_copy)
 
     def close(self) -> None:
         self.heartbeats.stop()
