@@ -152,9 +152,11 @@ class Agent:
         self._link = None if state["link"] is None else LinkEstimate(*state["link"])
 
     def allreduce(self, tensor: torch.Tensor, *, mode: str | None = None, key: Hashable | None = None,
-                  block: int | None = None, output_range: tuple[int, int] | None = None) -> AllreduceResult:
+                  block: int | None = None, output_range: tuple[int, int] | None = None,
+                  step_end: bool = False) -> AllreduceResult:
         """The exact sum of ``tensor`` over all workers (see :meth:`allreduce_async`)."""
-        future = self.allreduce_async(tensor, mode=mode, key=key, block=block, output_range=output_range)
+        future = self.allreduce_async(tensor, mode=mode, key=key, block=block, output_range=output_range,
+                                      step_end=step_end)
         return future.result()
 
     def allreduce_async(self, tensor: torch.Tensor, *, mode: str | None = None, key: Hashable | None = None,

@@ -133,6 +133,7 @@ class PathBackend(Backend):
         self._path = SWITCH if self.switch_usable else HOST
         self._log: dict[int, list[_Logged]] = {}
         self._step_ends: dict[int, bool] = {}
+        self._marked = False  # the caller marks step ends: votes follow them, not a call count
         self._estimates: dict[int, LinkEstimate | None] = {}
         self._lock = threading.Lock()
 
@@ -176,6 +177,7 @@ class PathBackend(Backend):
         """Call ``number`` starts (or starts again after a fallback): vote on a return where one is due,
         then take the policy's path for it."""
         self._step_ends.setdefault(number, step_end)
+        self._marked = self._marked or step_end
         if not self.switch_usable and self.switch is not None and self._vote_due(number):
             self._vote(number)
         self._path = self.policy.choose(CallFacts(number, key, elements, self.switch_usable))
@@ -270,8 +272,7 @@ class PathBackend(Backend):
     def _vote_due(self, number: int) -> bool:
         if number <= self._host_since or number in self._voted:
             return False
-        marked = any(self._step_ends.values())
-        return self._step_ends.get(number - 1, False) if marked else number % self.vote_every == 0
+        return self._step_ends.get(number - 1, False) if self._marked else number % self.vote_every == 0
 
     def _vote(self, number: int) -> None:
         """Every rank says which epoch it could return under; all the same and nonzero: return now."""
