@@ -26,6 +26,7 @@ class ControllerCollector(Collector):
         for name, attribute, text in (
             ("lhc_switch_connected", "connected", "1 while the P4Runtime stream is up"),
             ("lhc_switch_primary", "primary", "1 while this controller is the switch's primary"),
+            ("lhc_switch_answering", "answering", "0 while a connected switch does not answer (hung)"),
         ):
             gauge = GaugeMetricFamily(name, text, labels=["switch"])
             for session in self.sessions.all:

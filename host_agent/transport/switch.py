@@ -167,7 +167,22 @@ class SwitchBackend(Backend):
             f"rank {m.rank} ({m.name or m.address.ip}:{m.address.udp_port}, last heartbeat "
             f"{m.last_heartbeat_age_s:.1f} s ago)" for m in info.members if m.rank in ranks
         )
-        return f"{what}; silent workers: {named or 'none known to the controller'}", ranks
+        if named:
+            return f"{what}; silent workers: {named}", ranks
+        return f"{what}; {_switches_said(info)}", ranks
+
+
+def _switches_said(info: pb.JobInfo) -> str:
+    """What the controller knows of the job's switches when no worker is silent: the ones that did not
+    answer its counter read (down, or hung: the controller probes them), else whether the job is installed."""
+    answered = {row.switch for row in info.switch_counters}
+    silent = [name for name in info.switches if name not in answered]
+    if silent:
+        return (f"switch {', '.join(silent)} does not answer the controller (down or hung); no worker is "
+                "silent")
+    if not info.installed:
+        return "the job is not installed on its switch(es) now; no worker is silent"
+    return "silent workers: none known to the controller, and its switches answer"
 
 
 def _engine_choice(engine: str | None) -> bool | None:
