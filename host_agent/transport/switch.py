@@ -178,8 +178,8 @@ def _switches_said(info: pb.JobInfo) -> str:
     answered = {row.switch for row in info.switch_counters}
     silent = [name for name in info.switches if name not in answered]
     if silent:
-        return (f"switch {', '.join(silent)} does not answer the controller (down or hung); no worker is "
-                "silent")
+        who = "the switch" if silent == ["switch"] else f"switch {', '.join(silent)}"  # one switch's name
+        return f"{who} does not answer the controller (down or hung); no worker is silent"
     if not info.installed:
         return "the job is not installed on its switch(es) now; no worker is silent"
     return "silent workers: none known to the controller, and its switches answer"
