@@ -31,6 +31,15 @@ STRICT = "LHC_STRICT"
 DEFAULT_JOIN_TIMEOUT_S = 30.0
 
 
+def deadlines_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, float]:
+    """The deadlines a launch line may set, by their argument names: ``LHC_JOIN_TIMEOUT_S``,
+    ``LHC_SWITCH_TIMEOUT_S`` (how long a packet may go unanswered before the switch path is declared
+    failed) and ``LHC_MEET_TIMEOUT_S``; only those set."""
+    names = {"join_timeout_s": "LHC_JOIN_TIMEOUT_S", "timeout_s": "LHC_SWITCH_TIMEOUT_S",
+             "meet_timeout_s": "LHC_MEET_TIMEOUT_S"}
+    return {name: float(environ[variable]) for name, variable in names.items() if environ.get(variable)}
+
+
 def strict_from_env(environ: Mapping[str, str] = os.environ) -> bool:
     """``LHC_STRICT``: unset, empty or 0 means the fallback is on (the default)."""
     return environ.get(STRICT, "0") not in ("", "0")

@@ -33,7 +33,12 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store, _cr
 
 from host_agent.agent import Agent, AllreduceResult
 from host_agent.agent_backend import Backend
-from host_agent.path_join import DEFAULT_JOIN_TIMEOUT_S, join_or_fall_back, strict_from_env
+from host_agent.path_join import (
+    DEFAULT_JOIN_TIMEOUT_S,
+    deadlines_from_env,
+    join_or_fall_back,
+    strict_from_env,
+)
 from host_agent.paths import DEFAULT_MEET_TIMEOUT_S
 
 BACKEND = "lhc"
@@ -76,9 +81,9 @@ class LhcConfig:
         ``LHC_CUDA_COLLECTIVES`` (:data:`CUDA_COLLECTIVES`, default nccl); the fallback's (docs/pytorch.md,
         "When the switch cannot serve"): ``LHC_STRICT``, ``LHC_JOIN_TIMEOUT_S``, ``LHC_SWITCH_TIMEOUT_S`` (a
         stalled packet's deadline), ``LHC_MEET_TIMEOUT_S``."""
-        deadlines = ("join_timeout_s", "switch_timeout_s", "meet_timeout_s")
-        variables = {name: f"LHC_{name.upper()}" for name in deadlines}
-        seconds = {name: float(environ[var]) for name, var in variables.items() if environ.get(var)}
+        seconds = deadlines_from_env(environ)
+        if "timeout_s" in seconds:
+            seconds["switch_timeout_s"] = seconds.pop("timeout_s")
         config = cls(environ.get("LHC_CONTROLLER") or None, environ.get("LHC_JOB") or None,
                      environ.get("LHC_TOKEN") or None, environ.get("LHC_MODE", "auto"),
                      environ.get("LHC_IP", "127.0.0.1"), environ.get("LHC_HOST", ""),

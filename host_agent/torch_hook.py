@@ -26,7 +26,12 @@ import torch
 import torch.distributed as dist
 
 from host_agent.agent import Agent, AllreduceResult
-from host_agent.path_join import DEFAULT_JOIN_TIMEOUT_S, join_or_fall_back, strict_from_env
+from host_agent.path_join import (
+    DEFAULT_JOIN_TIMEOUT_S,
+    deadlines_from_env,
+    join_or_fall_back,
+    strict_from_env,
+)
 from host_agent.paths import DEFAULT_MEET_TIMEOUT_S
 
 #: Per-step stats summed over a step's buckets.
@@ -61,23 +66,28 @@ class LhcHookState:
 
     @classmethod
     def join(cls, controller: str, job: str, *, mode: str = "auto", topk_ratio: float | None = None,
-             log_every: int = 0, strict: bool | None = None, join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
-             meet_timeout_s: float = DEFAULT_MEET_TIMEOUT_S, **switch_options: Any) -> "LhcHookState":
+             log_every: int = 0, strict: bool | None = None, **options: Any) -> "LhcHookState":
         """Aggregate through the switch: join ``job`` on the controller at ``controller``. Under
         torch.distributed, the process-group codec stands by: a job the switch cannot serve at the join,
         or a switch path that fails mid-run, moves every rank to it with the same bits
-        (``host_agent.paths``), unless ``strict`` (default: ``LHC_STRICT``) asks to fail instead."""
+        (``host_agent.paths``), unless ``strict`` (default: ``LHC_STRICT``) asks to fail instead.
+        ``options``: ``join_timeout_s``, ``meet_timeout_s`` and :meth:`SwitchBackend.join`'s (``timeout_s``
+        is the stall deadline); the three deadlines default to the environment's (``LHC_*_TIMEOUT_S``)."""
+        options = {**deadlines_from_env(), **options}
+        join_timeout_s = options.pop("join_timeout_s", DEFAULT_JOIN_TIMEOUT_S)
+        meet_timeout_s = options.pop("meet_timeout_s", DEFAULT_MEET_TIMEOUT_S)
         strict = strict_from_env() if strict is None else strict
-        if strict or not (dist.is_available() and dist.is_initialized()):
-            if dist.is_available() and dist.is_initialized():
-                switch_options.setdefault("world_size", dist.get_world_size())
-            agent = Agent.join(controller, job, mode=mode, install_timeout_s=join_timeout_s, **switch_options)
+        distributed = dist.is_available() and dist.is_initialized()
+        if strict or not distributed:
+            if distributed:
+                options.setdefault("world_size", dist.get_world_size())
+            agent = Agent.join(controller, job, mode=mode, install_timeout_s=join_timeout_s, **options)
             return cls(agent, topk_ratio=topk_ratio, log_every=log_every)
         from host_agent.process_group import ProcessGroupBackend
 
         paths = join_or_fall_back(controller, job, ProcessGroupBackend(), join_timeout_s=join_timeout_s,
-                                  meet_timeout_s=meet_timeout_s, **switch_options)
-        agent = Agent(paths, mode=mode, timeout_s=2 * switch_options.get("timeout_s", 30.0))
+                                  meet_timeout_s=meet_timeout_s, **options)
+        agent = Agent(paths, mode=mode, timeout_s=2 * options.get("timeout_s", 30.0))
         return cls(agent, topk_ratio=topk_ratio, log_every=log_every)
 
     @classmethod
