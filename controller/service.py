@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from controller import admission, auth, watches
+from controller import admission, auth, path_reports, watches
 from controller.auth import Authority, Caller
 from controller.liveness import Liveness
 from controller.records import JobRecord, JobState
@@ -249,6 +249,9 @@ class JobService(pb_grpc.JobServiceServicer):
         if job.member(request.rank) is None:
             raise errors.not_found(f"job {job.name!r} has no rank {request.rank}")
         self.liveness.beat(job.job_id, request.rank)
+        report = dict(context.invocation_metadata()).get(path_reports.METADATA_KEY)
+        if report:
+            self.liveness.paths.record(job.job_id, request.rank, report)
         return self.info(job)
 
     def Watch(self, request: pb.WatchRequest, context) -> Iterator[pb.JobInfo]:

@@ -84,6 +84,9 @@ class SwitchPath(Protocol):
     """What the path layer asks of the switch backend beyond :class:`Backend`
     (``host_agent.transport.switch.SwitchBackend``)."""
 
+    #: What its heartbeats tell the controller of the paths (``controller.path_reports``).
+    path_report: str
+
     def leave_path(self) -> None:
         """The ranks went on over the hosts: stop sending, keep the membership."""
         ...
@@ -124,6 +127,8 @@ class PathBackend(Backend):
         self.why_host = why_host if switch is None else ""
         self.fallbacks = 0
         self.returns = 0
+        #: Calls completed on each path (a call redone after a fallback counts on the hosts).
+        self.calls = {SWITCH: 0, HOST: 0}
         #: Fallbacks and returns as they happened: {"event", "call", "why"}.
         self.events: list[dict[str, Any]] = []
         self._host_since = 0  # the first call of the current stay on the hosts
@@ -190,6 +195,11 @@ class PathBackend(Backend):
     def end_call(self, number: int) -> None:
         """Call ``number`` completed on this rank: keep its log (a peer may still need it), drop older."""
         self._finished = number
+        self.calls[self._path] += 1
+        if self.switch is not None:  # the controller hears it with the next heartbeat
+            self.switch.path_report = (f"path={self._path},switch_calls={self.calls[SWITCH]},"  # type: ignore
+                                       f"host_calls={self.calls[HOST]},fallbacks={self.fallbacks},"
+                                       f"returns={self.returns}")
         with self._lock:
             for old in [n for n in self._log if n <= number - _KEPT_CALLS]:
                 del self._log[old]

@@ -15,6 +15,7 @@ import logging
 import random
 import threading
 import time
+import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,6 +35,7 @@ SWITCH_TIMEOUT_S, MEET_TIMEOUT_S, JOIN_TIMEOUT_S = 2.0, 15.0, 5.0
 #: The documented bound on one call's wait when the switch path fails in it.
 DEADLINE_S = SWITCH_TIMEOUT_S + COURTESY_RPC_S + MEET_TIMEOUT_S
 _GROUPS = iter(range(1 << 30))
+METRICS = ("--metrics-addr", "127.0.0.1:0")
 
 
 class Stack:
@@ -43,7 +45,7 @@ class Stack:
     def __init__(self, state: Path) -> None:
         self.state, self.jobs = state, 0
         self.switch = SoftswitchProcess()
-        self.controller = ControllerProcess(self.switch, state)
+        self.controller = ControllerProcess(self.switch, state, *METRICS)
         self.controller.wait_for_switch()
 
     def job(self, create: bool = True) -> str:
@@ -57,7 +59,7 @@ class Stack:
         if not self.switch.running():
             self.switch.restart(crash=True)
         if not self.controller.running():
-            self.controller = ControllerProcess(self.switch, self.state)
+            self.controller = ControllerProcess(self.switch, self.state, *METRICS)
         self.controller.wait_for_switch()
 
     def close(self) -> None:
@@ -169,13 +171,23 @@ def test_the_switch_restarted_after_the_fallback_takes_the_ranks_back_at_a_step_
             _wait_reinstalled(stack, job, epoch)
         if call == 6:  # a step's computation: every rank's heartbeat brings the new epoch meanwhile
             time.sleep(1.0)
+        if (rank, call) == (0, 9):  # what the controller's metrics say once the heartbeats carried it
+            time.sleep(1.0)
+            url = f"http://{stack.controller.metrics}/metrics"
+            scraped.append(urllib.request.urlopen(url, timeout=30).read().decode())
 
+    scraped: list[str] = []
     ranks = run(stack, job, before)
     stack.heal()
     _assert_bits(ranks, uninterrupted)
     for r in ranks:
         assert (r["backend"].fallbacks, r["backend"].returns) == (1, 1)
         assert r["paths"] == ["switch"] * 2 + ["host"] * 4 + ["switch"] * 4, r["paths"]
+    for line in (f'lhc_job_path_members{{job="{job}",path="switch"}} 2.0',
+                 f'lhc_job_path_calls_total{{job="{job}",path="host"}} 4.0',
+                 f'lhc_job_path_fallbacks_total{{job="{job}"}} 1.0',
+                 f'lhc_job_path_returns_total{{job="{job}"}} 1.0'):
+        assert line in scraped[0], (line, [m for m in scraped[0].splitlines() if "path" in m])
 
 
 @pytest.mark.slow

@@ -54,7 +54,10 @@ class SwitchBackend(Backend):
         self.stream = self._new_stream(joined.epoch, timeout_s)
         self._left = False
         self._fallen_epoch: int | None = None  # the epoch under which the path layer left the switch
-        self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change)
+        #: What the heartbeats tell the controller of this worker's paths (set by ``host_agent.paths``).
+        self.path_report = ""
+        self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change,
+                                                  report=lambda: self.path_report)
 
     @classmethod
     def join(cls, controller: str, job: str, *, ip: str = "127.0.0.1", udp_port: int = 0, host: str = "",
