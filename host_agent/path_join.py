@@ -56,8 +56,8 @@ def join_or_fall_back(controller: str, job: str, group: Backend, *,
 
     switch, why = None, ""
     try:
-        switch = SwitchBackend.join(controller, job, world_size=group.world_size,
-                                    install_timeout_s=join_timeout_s, **switch_options)
+        options = {"world_size": group.world_size, "install_timeout_s": join_timeout_s, **switch_options}
+        switch = SwitchBackend.join(controller, job, **options)
     except ControllerError as exc:
         why = f"the controller at {controller}: {exc}"
     except OSError as exc:  # the worker's own socket

@@ -29,6 +29,7 @@ from host_agent.path_join import join_or_fall_back
 from host_agent.process_group import ProcessGroupBackend
 from host_agent.transport.switch import COURTESY_RPC_S
 from lhc_launch.processes import ControllerProcess, SoftswitchProcess
+from tests.harness.faults import float_input
 
 WORLD, CALLS = 2, 10
 SWITCH_TIMEOUT_S, MEET_TIMEOUT_S, JOIN_TIMEOUT_S = 2.0, 15.0, 5.0
@@ -67,14 +68,6 @@ class Stack:
         self.switch.terminate()
 
 
-def _input(rank: int, call: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(1000 * call + rank)
-    x = torch.zeros(6000)
-    hit = torch.randperm(6000, generator=generator)[:400]
-    x[hit] = torch.randn(400, generator=generator)
-    return x
-
-
 def run(stack: Stack, job: str, before=lambda rank, call: None) -> list[dict]:
     """Every rank joins ``job`` with the hosts as the way out and makes the calls on its own thread:
     per rank its totals, paths, longest call and its path backend."""
@@ -91,7 +84,7 @@ def run(stack: Stack, job: str, before=lambda rank, call: None) -> list[dict]:
         for call in range(CALLS):
             before(rank, call)
             started = time.monotonic()
-            result = agent.allreduce(_input(rank, call), key=call % 2, step_end=call % 2 == 1)
+            result = agent.allreduce(float_input(rank, call, 6000, 400), key=call % 2, step_end=call % 2 == 1)
             longest = max(longest, time.monotonic() - started)
             totals.append(result.total)
             taken.append(result.stats["path"])

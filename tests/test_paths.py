@@ -6,8 +6,7 @@ bit for bit, on every rank; the ranks agree which path each call took; a return 
 from __future__ import annotations
 
 import random
-import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from unittest.mock import patch
 
 import pytest
@@ -17,6 +16,7 @@ from host_agent.agent import Agent
 from host_agent.errors import AggregationError
 from host_agent.paths import HOST, SWITCH, CallFacts, PathBackend, SwitchWhileHealthy
 from lhc_ina.constants import Op
+from tests.harness.faults import float_input
 from tests.harness.local_backend import LocalBackend, LocalGroup
 
 CALLS = 6
@@ -52,14 +52,6 @@ class BreakingSwitch(LocalBackend):
         self.group, self._sent, self.at = self.fresh, 0, -1
 
 
-def _inputs(rank: int, call: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(1000 * call + rank)
-    x = torch.zeros(4000)
-    hit = torch.randperm(4000, generator=generator)[:200]
-    x[hit] = torch.randn(200, generator=generator)
-    return x
-
-
 def _run(agents: list[Agent], before=lambda rank, call: None) -> list[list[tuple[torch.Tensor, str]]]:
     """Every rank's calls on its own thread: (total, path) per call; ``sent[call]`` records how many
     switch messages rank 0 had sent once the call completed."""
@@ -68,18 +60,15 @@ def _run(agents: list[Agent], before=lambda rank, call: None) -> list[list[tuple
     def member(agent: Agent) -> None:
         for call in range(CALLS):
             before(agent.rank, call)
-            result = agent.allreduce(_inputs(agent.rank, call), key=call % 2, step_end=call % 2 == 1)
+            bucket = float_input(agent.rank, call, 4000, 200)
+            result = agent.allreduce(bucket, key=call % 2, step_end=call % 2 == 1)
             out[agent.rank].append((result.total, result.stats["path"]))
             if agent.rank == 0:
                 sent.append(agent.backend.switch._sent)
         agent.close()
 
-    threads = [threading.Thread(target=member, args=(agent,)) for agent in agents]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads), "a rank hung"
+    with ThreadPoolExecutor(len(agents)) as pool:  # each rank on its own thread; a hung one times out
+        list(pool.map(member, agents, timeout=60))
     return out
 
 
