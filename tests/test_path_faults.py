@@ -28,7 +28,7 @@ from host_agent.agent import Agent
 from host_agent.path_join import join_or_fall_back
 from host_agent.process_group import ProcessGroupBackend
 from host_agent.transport.switch import COURTESY_RPC_S
-from lhc_launch.processes import ControllerProcess, SoftswitchProcess
+from lhc_launch.processes import ControllerProcess, SoftswitchProcess, free_tcp_port
 from tests.harness.faults import float_input
 
 WORLD, CALLS = 2, 10
@@ -68,17 +68,18 @@ class Stack:
         self.switch.terminate()
 
 
-def run(stack: Stack, job: str, before=lambda rank, call: None) -> list[dict]:
-    """Every rank joins ``job`` with the hosts as the way out and makes the calls on its own thread:
-    per rank its totals, paths, longest call and its path backend."""
+def run(stack: Stack, job: str, before=lambda rank, call: None, controller: str = "") -> list[dict]:
+    """Every rank joins ``job`` (on ``controller``, default the stack's) with the hosts as the way out and
+    makes the calls on its own thread: per rank its totals, paths, longest call and its path backend."""
     store, group = dist.HashStore(), next(_GROUPS)
     out: list[dict] = [{} for _ in range(WORLD)]
 
     def member(rank: int) -> None:
         gloo = ProcessGroupGloo(PrefixStore(f"paths-{group}", store), rank, WORLD, timedelta(seconds=60))
         host = ProcessGroupBackend(gloo, device=torch.device("cpu"))
-        paths = join_or_fall_back(stack.controller.listen, job, host, join_timeout_s=JOIN_TIMEOUT_S,
-                                  meet_timeout_s=MEET_TIMEOUT_S, timeout_s=SWITCH_TIMEOUT_S, heartbeat_s=0.2)
+        paths = join_or_fall_back(controller or stack.controller.listen, job, host,
+                                  join_timeout_s=JOIN_TIMEOUT_S, meet_timeout_s=MEET_TIMEOUT_S,
+                                  timeout_s=SWITCH_TIMEOUT_S, heartbeat_s=0.2)
         agent = Agent(paths, timeout_s=2 * SWITCH_TIMEOUT_S)
         totals, taken, longest = [], [], 0.0
         for call in range(CALLS):
@@ -184,15 +185,20 @@ def test_the_switch_restarted_after_the_fallback_takes_the_ranks_back_at_a_step_
 
 
 @pytest.mark.slow
-def test_a_job_the_controller_refuses_at_the_join_runs_over_the_hosts_with_one_warning(
-        stack: Stack, uninterrupted, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("case", ["unknown job", "no controller"])
+def test_a_job_the_controller_refuses_or_cannot_serve_runs_over_the_hosts_with_one_warning(
+        case: str, stack: Stack, uninterrupted, caplog: pytest.LogCaptureFixture) -> None:
+    """The job unknown to the controller (NOT_FOUND), or no controller at the address (nothing listens
+    there): every rank goes over the hosts from the first call, and says why once."""
+    nowhere = f"127.0.0.1:{free_tcp_port()}" if case == "no controller" else ""
     with caplog.at_level(logging.WARNING, logger="lhc.paths"):
-        ranks = run(stack, stack.job(create=False))  # an unknown job: NOT_FOUND
+        ranks = run(stack, stack.job(create=False), controller=nowhere)
     _assert_bits(ranks, uninterrupted)
     assert all(r["paths"] == ["host"] * CALLS for r in ranks)
     warnings = [record.getMessage() for record in caplog.records if record.name == "lhc.paths"]
     assert len(warnings) == WORLD, warnings  # one per rank, naming the cause and what happens now
-    assert all("no job named" in w and "process group" in w for w in warnings), warnings
+    cause = "no job named" if case == "unknown job" else nowhere
+    assert all(cause in w and "process group" in w for w in warnings), warnings
 
 
 @pytest.mark.slow
