@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from controller.path_reports import PathReports
 from controller.records import JobRecord, JobState
 from controller.store import JobStore
 from controller.topology import Topology
@@ -33,6 +34,8 @@ class Liveness:
         self.enabled = enabled
         self.on_failed = on_failed
         self._seen: dict[tuple[int, int], float] = {}
+        #: What the members' heartbeats say of their paths (``controller.path_reports``).
+        self.paths = PathReports()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)

@@ -209,7 +209,7 @@ class Controller:
         self.grpc.start()
         if self.metrics_addr:
             self._metrics_server, self.metrics_port = serve_metrics(
-                self.metrics_addr, self.store, self.sessions
+                self.metrics_addr, self.store, self.sessions, self.liveness.paths
             )
 
     def stop(self) -> None:

@@ -14,10 +14,11 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from controller import admission, auth, watches
+from controller import admission, auth, path_reports, watches
 from controller.auth import Authority, Caller
 from controller.liveness import Liveness
 from controller.records import JobRecord, JobState
+from controller.session import PROBE_TIMEOUT_S
 from controller.sessions import Sessions
 from controller.store import JobStore
 from controller.targets import Target
@@ -248,6 +249,9 @@ class JobService(pb_grpc.JobServiceServicer):
         if job.member(request.rank) is None:
             raise errors.not_found(f"job {job.name!r} has no rank {request.rank}")
         self.liveness.beat(job.job_id, request.rank)
+        report = dict(context.invocation_metadata()).get(path_reports.METADATA_KEY)
+        if report:
+            self.liveness.paths.record(job.job_id, request.rank, report)
         return self.info(job)
 
     def Watch(self, request: pb.WatchRequest, context) -> Iterator[pb.JobInfo]:
@@ -280,9 +284,12 @@ class JobService(pb_grpc.JobServiceServicer):
             switch = self.topology.switches.get(name) if self.topology is not None else None
             dataplane = (f"{switch.ip}:{switch.udp_port}" if switch is not None and self.topology.fabric
                          else f"{self.switch_ip}:{self.switch_udp_port}")
+            state = s.state if s.answering else (
+                f"not answering: no P4Runtime reply within {PROBE_TIMEOUT_S:g} s, for "
+                f"{time.monotonic() - s.silent_since:.1f} s (a hung or stopped switch)")
             each.append(pb.SwitchStatusReply(
-                address=session.address, target=self.target.name, connected=s.connected, primary=s.primary,
-                state=s.state, election_id=session.election_id, reconciles=s.reconciles,
+                address=session.address, target=self.target.name, connected=s.connected and s.answering,
+                primary=s.primary, state=state, election_id=session.election_id, reconciles=s.reconciles,
                 updates_written=s.updates_written, last_error=s.last_error, slots_free=free,
                 slots_total=total, dataplane=dataplane, name=name, role=self.sessions.role(name),
             ))

@@ -41,6 +41,11 @@ from lhc_ina.p4rt import P4RuntimeClient, P4RuntimeError
 from lhc_ina.tls import TlsConfig
 
 log = logging.getLogger("lhc-controller.switch")
+#: How often a connected switch is asked for one cheap answer (Capabilities), and how long it has to give it.
+PROBE_PERIOD_S = 1.0
+PROBE_TIMEOUT_S = 1.0
+#: The longest a counter read (JobStatus, the metrics) waits for one switch.
+COUNTER_READ_S = 1.0
 _SET = p4runtime_pb2.SetForwardingPipelineConfigRequest
 COOKIE_KEY = "pipeline_cookie"
 
@@ -58,6 +63,10 @@ class SwitchStatus:
     mismatch: str = ""
     #: job id -> the epoch the switch held for it at the last reconcile that left it equal to the store.
     installed: dict[int, int] = field(default_factory=dict)
+    #: False while a connected switch does not answer the probe (a hung or stopped process keeps its
+    #: connection open); ``silent_since`` is when it stopped (time.monotonic()).
+    answering: bool = True
+    silent_since: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,7 @@ class SwitchSession:
         self._served = 0  # requests covered by a finished reconcile
         self._client: P4RuntimeClient | None = None
         self._thread = threading.Thread(target=self._run, name=f"switch-session-{name}", daemon=True)
+        self._prober = threading.Thread(target=self._probe, name=f"switch-probe-{name}", daemon=True)
 
     @property
     def election_id(self) -> int:
@@ -110,11 +120,13 @@ class SwitchSession:
     # -- control --
     def start(self) -> None:
         self._thread.start()
+        self._prober.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=15)
+        self._prober.join(timeout=PROBE_PERIOD_S + PROBE_TIMEOUT_S + 1)
 
     def request_reconcile(self) -> int:
         with self._done:
@@ -143,10 +155,10 @@ class SwitchSession:
     def read_counters(self) -> dict[int, list[int]] | None:
         """Packet counts of ``lhc_stats`` per job index (NUM_STATS each); None when the switch is away."""
         client = self._client
-        if client is None or not self.status.connected:
+        if client is None or not self.status.connected or not self.status.answering:
             return None
         try:
-            cells = client.read_counter("LhcIngress.lhc_stats")
+            cells = client.read_counter("LhcIngress.lhc_stats", timeout=COUNTER_READ_S)
         except P4RuntimeError as exc:
             log.info("counter read failed: %s", exc)
             return None
@@ -154,6 +166,35 @@ class SwitchSession:
         for index, value in cells.items():
             rows.setdefault(index // c.NUM_STATS, [0] * c.NUM_STATS)[index % c.NUM_STATS] = value.packets
         return rows
+
+    # -- the probe's thread --
+    def _probe(self) -> None:
+        """Ask the connected switch for one cheap answer every period: a switch that stops answering is
+        marked so (its jobs are no longer installed; counter reads skip it) within a period and a timeout;
+        when it answers again, its jobs get new epochs (what was in flight during the silence is stale, and
+        workers that left it for the hosts see an epoch they can return under)."""
+        while not self._stop.wait(PROBE_PERIOD_S):
+            client = self._client
+            if client is None or not self.status.connected:
+                self.status.answering = True  # away is said by ``connected``
+                continue
+            answering = client.answers(PROBE_TIMEOUT_S)
+            if answering == self.status.answering:
+                continue
+            self.status.answering = answering
+            who = self.address if self.name == SINGLE else f"{self.name} ({self.address})"
+            if not answering:
+                self.status.silent_since = time.monotonic()
+                self.status.installed = {}
+                log.warning("switch %s: not answering (no P4Runtime reply within %g s)", who, PROBE_TIMEOUT_S)
+            else:
+                log.warning("switch %s: answering again after %.1f s", who,
+                            time.monotonic() - self.status.silent_since)
+                if self.status.primary:
+                    renewed = self.store.renew_epochs(self._touches)
+                    self.on_renewed(renewed)
+                self.request_reconcile()
+            self.context.on_change()
 
     # -- the thread --
     @property

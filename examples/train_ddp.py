@@ -15,7 +15,9 @@ create NAME --workers 2``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import time
 
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -30,6 +32,8 @@ def main() -> None:
     parser.add_argument("--controller", help="with --hook: the lhc controller (HOST:PORT)")
     parser.add_argument("--job", help="with --hook: the job created on the controller")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--step-time", type=float, default=0.0,
+                        help="pad each step to this many seconds, as a bigger model's computation would")
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo")  # torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
@@ -48,6 +52,7 @@ def main() -> None:
         model.register_comm_hook(state, lhc_hook)
     optimizer = make_optimizer(model.module, config)
     for step in range(args.steps):
+        started = time.monotonic()
         users, items, clicked = data.batch(rank, step)
         loss = F.binary_cross_entropy_with_logits(model(users, items), clicked)
         optimizer.zero_grad()
@@ -56,11 +61,16 @@ def main() -> None:
         wire = ""
         if state is not None:
             stats = state.pop_step_stats()
-            wire = f" wire {stats['bytes_sent'] / 1e3:.1f} kB compression {stats['compression_ratio']:.1f}x"
+            wire = (f" wire {stats['bytes_sent'] / 1e3:.1f} kB compression {stats['compression_ratio']:.1f}x"
+                    f" buckets via switch {stats['buckets_switch']:.0f} host {stats['buckets_host']:.0f}")
         if rank == 0:
             print(f"step {step} loss {loss.item():.9g} backend {dist.get_backend()}{wire}", flush=True)
+        time.sleep(max(0.0, args.step_time - (time.monotonic() - started)))
     if state is not None:
         state.close()
+    if rank == 0:  # what a bit-for-bit comparison of two runs reads
+        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
+        print(f"parameters sha256 {digest.hexdigest()}", flush=True)
     dist.destroy_process_group()
 
 

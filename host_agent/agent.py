@@ -76,6 +76,8 @@ class _Call:
     chosen: str = ""
     reason: str = ""
     prepared_ahead: bool = False
+    step_end: bool = False  # the caller's last call of a training step (where paths may change)
+    redone: int = 0  # times it started again on another path after a switch-path failure
     order: DeviceOrder | None = None  # a CUDA tensor's stream order (None on the CPU)
 
 
@@ -150,19 +152,23 @@ class Agent:
         self._link = None if state["link"] is None else LinkEstimate(*state["link"])
 
     def allreduce(self, tensor: torch.Tensor, *, mode: str | None = None, key: Hashable | None = None,
-                  block: int | None = None, output_range: tuple[int, int] | None = None) -> AllreduceResult:
+                  block: int | None = None, output_range: tuple[int, int] | None = None,
+                  step_end: bool = False) -> AllreduceResult:
         """The exact sum of ``tensor`` over all workers (see :meth:`allreduce_async`)."""
-        future = self.allreduce_async(tensor, mode=mode, key=key, block=block, output_range=output_range)
+        future = self.allreduce_async(tensor, mode=mode, key=key, block=block, output_range=output_range,
+                                      step_end=step_end)
         return future.result()
 
     def allreduce_async(self, tensor: torch.Tensor, *, mode: str | None = None, key: Hashable | None = None,
                         block: int | None = None,
-                        output_range: tuple[int, int] | None = None) -> Future[AllreduceResult]:
+                        output_range: tuple[int, int] | None = None,
+                        step_end: bool = False) -> Future[AllreduceResult]:
         """Start aggregating ``tensor`` (any shape; int32 exactly, floats at one agreed power-of-two
         scale). ``key`` names the bucket whose codec state carries over (default: its size and dtype).
         ``output_range`` ``(lo, hi)``: decode only the flat elements lo..hi-1 (this worker's shard of a
         reduce_scatter); the total is then that 1-D slice of the whole sum, bit for bit. Workers may pass
         different ranges: the messages do not depend on it (:mod:`host_agent.codec.output`).
+        ``step_end``: this is the step's last call (where the ranks may return to the switch together).
         ``tensor`` must not change until the future is done."""
         mode = mode or self.mode
         if mode not in AGENT_MODES:
@@ -171,7 +177,7 @@ class Agent:
         key = (tensor.numel(), tensor.dtype) if key is None else key
         with self._lock:  # queue and submit together: the n-th submission runs the n-th queued call
             call = _Call(self._calls, tensor, mode, key, block or self.block, output_range,
-                         order=DeviceOrder.of(tensor, self._streams))
+                         step_end=step_end, order=DeviceOrder.of(tensor, self._streams))
             self._calls += 1
             self._queue.append(call)
             self._pending += 1
@@ -206,14 +212,14 @@ class Agent:
         try:
             if self._failure is not None:
                 raise self._failure
-            if call.session is None:
-                self._prepare(call)
-            assert call.session is not None
-            with running(call.order):
-                result = self._drive(call, call.session)
-            if call.order is not None:
-                call.order.hand_back(result.total)
-            return result
+            while True:
+                try:
+                    return self._attempt(call)
+                except AggregationError as error:
+                    if error.collective or not self.backend.recover(call.number, error):
+                        raise
+                    call.session, call.prepared_ahead = None, False  # redo it on the path agreed
+                    call.redone += 1
         except AggregationError as error:
             if not error.collective:
                 self._fail(error)
@@ -226,6 +232,19 @@ class Agent:
         finally:
             with self._lock:
                 self._pending -= 1
+
+    def _attempt(self, call: _Call) -> AllreduceResult:
+        """Run ``call`` once on the path the backend takes for it (``host_agent.paths``)."""
+        self.backend.begin_call(call.number, call.key, call.tensor.numel(), call.step_end)
+        if call.session is None:
+            self._prepare(call)
+        assert call.session is not None
+        with running(call.order):
+            result = self._drive(call, call.session)
+        self.backend.end_call(call.number)
+        if call.order is not None:
+            call.order.hand_back(result.total)
+        return result
 
     def _fail(self, error: AggregationError) -> None:
         """This worker is out of step: every later call raises ``error``, and the backend stops taking
@@ -290,6 +309,8 @@ class Agent:
         counters = {name: value - counters_before.get(name, 0)
                     for name, value in self.backend.counters().items()}
         stats = {
+            "path": self.backend.path,  # switch, host or memory (host_agent.paths)
+            "redone": call.redone,
             "mode": call.chosen,
             "mode_reason": call.reason,
             "elements": call.tensor.numel(),

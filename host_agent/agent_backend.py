@@ -12,11 +12,13 @@ with an :class:`~host_agent.errors.AggregationError`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
 
+from host_agent.errors import AggregationError
 from lhc_ina.constants import Op
 
 
@@ -33,6 +35,8 @@ class Backend(ABC):
 
     rank: int
     world_size: int
+    #: Which way this backend's reductions go (the stats' ``path``): "switch", "host" or "memory".
+    path: str = "memory"
     #: Whether the agent must see the agreement message's result before it sends the rest of a call's
     #: first round: true for a backend whose reductions fail or hang when workers' lengths differ.
     waits_for_agreement: bool = False
@@ -48,6 +52,19 @@ class Backend(ABC):
     def counters(self) -> dict[str, int]:
         """Cumulative transport counters (packets sent, retransmissions, ...); empty when it has none."""
         return {}
+
+    def begin_call(self, number: int, key: Hashable, elements: int, step_end: bool) -> None:  # noqa: B027
+        """Call ``number`` (the bucket ``key`` of ``elements``) starts, or starts again after
+        :meth:`recover`; ``step_end``: the caller's last call of a training step. Only a backend over
+        several paths (``host_agent.paths``) takes note."""
+
+    def end_call(self, number: int) -> None:  # noqa: B027 - see begin_call
+        """Call ``number`` completed on this worker."""
+
+    def recover(self, number: int, error: AggregationError) -> bool:
+        """Call ``number`` failed with ``error`` (not a collective error): True when the backend has
+        agreed with every peer to redo it (on another path), False when the agent must fail."""
+        return False
 
     def abandon(self, error: Exception) -> None:  # noqa: B027 - nothing to tell where there are no peers
         """This worker is out of step with its peers (``error``) and takes no further part: fail what is

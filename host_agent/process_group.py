@@ -60,6 +60,7 @@ def gather_bits(summed: torch.Tensor, lane: int, n_words: int) -> torch.Tensor:
 class ProcessGroupBackend(Backend):
     """Reduce codec messages with torch.distributed collectives over a dedicated process group."""
 
+    path = "host"
     waits_for_agreement = True  # collectives of different lengths across ranks hang or fail
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, device: torch.device | None = None) -> None:

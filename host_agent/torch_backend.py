@@ -32,6 +32,14 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, Store, _create_work_from_future
 
 from host_agent.agent import Agent, AllreduceResult
+from host_agent.agent_backend import Backend
+from host_agent.path_join import (
+    DEFAULT_JOIN_TIMEOUT_S,
+    deadlines_from_env,
+    join_or_fall_back,
+    strict_from_env,
+)
+from host_agent.paths import DEFAULT_MEET_TIMEOUT_S
 
 BACKEND = "lhc"
 #: The floats lhc aggregates; other dtypes go to Gloo or NCCL.
@@ -56,6 +64,10 @@ class LhcConfig:
     ip: str = "127.0.0.1"
     host: str = ""
     cuda_collectives: str = "nccl"
+    strict: bool = False
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
+    switch_timeout_s: float = 30.0
+    meet_timeout_s: float = DEFAULT_MEET_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.cuda_collectives not in CUDA_COLLECTIVES:
@@ -66,11 +78,16 @@ class LhcConfig:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> LhcConfig:
         """``LHC_CONTROLLER`` (HOST:PORT), ``LHC_JOB``, ``LHC_TOKEN``, ``LHC_MODE`` (default auto),
         ``LHC_IP`` (this worker's data-plane address) or ``LHC_HOST`` (its name in the topology),
-        ``LHC_CUDA_COLLECTIVES`` (:data:`CUDA_COLLECTIVES`, default nccl)."""
+        ``LHC_CUDA_COLLECTIVES`` (:data:`CUDA_COLLECTIVES`, default nccl); the fallback's (docs/pytorch.md,
+        "When the switch cannot serve"): ``LHC_STRICT``, ``LHC_JOIN_TIMEOUT_S``, ``LHC_SWITCH_TIMEOUT_S`` (a
+        stalled packet's deadline), ``LHC_MEET_TIMEOUT_S``."""
+        seconds = deadlines_from_env(environ)
+        if "timeout_s" in seconds:
+            seconds["switch_timeout_s"] = seconds.pop("timeout_s")
         config = cls(environ.get("LHC_CONTROLLER") or None, environ.get("LHC_JOB") or None,
                      environ.get("LHC_TOKEN") or None, environ.get("LHC_MODE", "auto"),
                      environ.get("LHC_IP", "127.0.0.1"), environ.get("LHC_HOST", ""),
-                     environ.get("LHC_CUDA_COLLECTIVES", "nccl"))
+                     environ.get("LHC_CUDA_COLLECTIVES", "nccl"), strict_from_env(environ), **seconds)
         if config.controller and not config.job:
             raise ValueError("LHC_CONTROLLER is set but LHC_JOB is not: name the controller's job")
         return config
@@ -110,18 +127,30 @@ class LhcProcessGroup(dist.ProcessGroup):
         self.config = config
         self.job: str | None = None
         if config.controller and config.job not in _JOBS_IN_USE:
-            self.agent = Agent.join(config.controller, config.job, mode=config.mode, world_size=size,
-                                    token=config.token, ip=config.ip, host=config.host)
+            switch_options = {"token": config.token, "ip": config.ip, "host": config.host,
+                              "timeout_s": config.switch_timeout_s}
+            if config.strict:
+                self.agent = Agent.join(config.controller, config.job, mode=config.mode, world_size=size,
+                                        install_timeout_s=config.join_timeout_s, **switch_options)
+            else:
+                paths = join_or_fall_back(config.controller, config.job, self._codec(store, timeout, config),
+                                          join_timeout_s=config.join_timeout_s,
+                                          meet_timeout_s=config.meet_timeout_s, **switch_options)
+                self.agent = Agent(paths, mode=config.mode, timeout_s=2 * config.switch_timeout_s)
             self.job = config.job
             _JOBS_IN_USE.add(self.job)
         else:
-            from host_agent.process_group import ProcessGroupBackend
+            self.agent = Agent(self._codec(store, timeout, config), mode=config.mode)
 
-            codec = _gloo_and_nccl(store, rank, size, timeout, "codec", config.cuda_collectives)
-            # the codec's group is NCCL's where CUDA is and NCCL was not declined; else Gloo's, on the CPU
-            cuda = torch.cuda.is_available() and config.cuda_collectives == "nccl"
-            device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-            self.agent = Agent(ProcessGroupBackend(codec, device=device), mode=config.mode)
+    def _codec(self, store: Store, timeout: timedelta, config: LhcConfig) -> Backend:
+        """The process-group codec on a Gloo or NCCL group of its own (NCCL's where CUDA is and NCCL was not
+        declined; else Gloo's, on the CPU)."""
+        from host_agent.process_group import ProcessGroupBackend
+
+        codec = _gloo_and_nccl(store, self._rank, self._size, timeout, "codec", config.cuda_collectives)
+        cuda = torch.cuda.is_available() and config.cuda_collectives == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        return ProcessGroupBackend(codec, device=device)
 
     def getBackendName(self) -> str:
         return BACKEND

@@ -26,10 +26,20 @@ import torch
 import torch.distributed as dist
 
 from host_agent.agent import Agent, AllreduceResult
+from host_agent.path_join import (
+    DEFAULT_JOIN_TIMEOUT_S,
+    deadlines_from_env,
+    join_or_fall_back,
+    strict_from_env,
+)
+from host_agent.paths import DEFAULT_MEET_TIMEOUT_S
 
 #: Per-step stats summed over a step's buckets.
 _SUMMED = ("bytes_sent", "packets", "retransmissions", "fast_retransmissions", "timer_retransmissions",
            "tail_probes", "encode_s", "network_s", "decode_s", "elements")
+#: Per-step bucket counts: all, with a NaN or inf, by path (host_agent.paths), redone after a fallback.
+_COUNTED = ("buckets", "nonfinite_buckets", "buckets_switch", "buckets_host", "buckets_memory",
+            "buckets_redone")
 
 
 class LhcHookState:
@@ -50,17 +60,35 @@ class LhcHookState:
         self.log_every = log_every
         self.residuals: dict[Hashable, torch.Tensor] = {}
         self.modes: dict[Hashable, str] = {}
+        self.paths: dict[Hashable, str] = {}  # each bucket's path at its last step
         self.steps = 0
         self._step: dict[str, float] = defaultdict(float)
 
     @classmethod
     def join(cls, controller: str, job: str, *, mode: str = "auto", topk_ratio: float | None = None,
-             log_every: int = 0, **switch_options: Any) -> "LhcHookState":
-        """Aggregate through the switch: join ``job`` on the controller at ``controller``."""
-        if dist.is_available() and dist.is_initialized():
-            switch_options.setdefault("world_size", dist.get_world_size())
-        return cls(Agent.join(controller, job, mode=mode, **switch_options), topk_ratio=topk_ratio,
-                   log_every=log_every)
+             log_every: int = 0, strict: bool | None = None, **options: Any) -> "LhcHookState":
+        """Aggregate through the switch: join ``job`` on the controller at ``controller``. Under
+        torch.distributed, the process-group codec stands by: a job the switch cannot serve at the join,
+        or a switch path that fails mid-run, moves every rank to it with the same bits
+        (``host_agent.paths``), unless ``strict`` (default: ``LHC_STRICT``) asks to fail instead.
+        ``options``: ``join_timeout_s``, ``meet_timeout_s`` and :meth:`SwitchBackend.join`'s (``timeout_s``
+        is the stall deadline); the three deadlines default to the environment's (``LHC_*_TIMEOUT_S``)."""
+        options = {**deadlines_from_env(), **options}
+        join_timeout_s = options.pop("join_timeout_s", DEFAULT_JOIN_TIMEOUT_S)
+        meet_timeout_s = options.pop("meet_timeout_s", DEFAULT_MEET_TIMEOUT_S)
+        strict = strict_from_env() if strict is None else strict
+        distributed = dist.is_available() and dist.is_initialized()
+        if strict or not distributed:
+            if distributed:
+                options.setdefault("world_size", dist.get_world_size())
+            agent = Agent.join(controller, job, mode=mode, install_timeout_s=join_timeout_s, **options)
+            return cls(agent, topk_ratio=topk_ratio, log_every=log_every)
+        from host_agent.process_group import ProcessGroupBackend
+
+        paths = join_or_fall_back(controller, job, ProcessGroupBackend(), join_timeout_s=join_timeout_s,
+                                  meet_timeout_s=meet_timeout_s, **options)
+        agent = Agent(paths, mode=mode, timeout_s=2 * options.get("timeout_s", 30.0))
+        return cls(agent, topk_ratio=topk_ratio, log_every=log_every)
 
     @classmethod
     def from_process_group(cls, group: dist.ProcessGroup | None = None, *, mode: str = "auto",
@@ -79,21 +107,28 @@ class LhcHookState:
             self._step[name] += stats.get(name, 0)
         self._step["buckets"] += 1
         self._step["nonfinite_buckets"] += bool(stats["nonfinite_ranks"])
+        self._step[f"buckets_{stats['path']}"] += 1  # which path each bucket took
+        self._step["buckets_redone"] += bool(stats["redone"])
         self.modes[key] = stats["mode"]
+        self.paths[key] = stats["path"]
 
     def pop_step_stats(self) -> dict[str, float]:
         """What the buckets aggregated since the last call cost, summed; resets the tally."""
         stats = dict(self._step)
-        for name in (*_SUMMED, "buckets", "nonfinite_buckets"):
+        for name in (*_SUMMED, *_COUNTED):
             stats.setdefault(name, 0.0)
+        backend = self.agent.backend  # a PathBackend counts its fallbacks and returns (run totals)
+        stats["path_fallbacks"] = getattr(backend, "fallbacks", 0)
+        stats["path_returns"] = getattr(backend, "returns", 0)
         dense = 4 * stats["elements"]
         stats["compression_ratio"] = dense / stats["bytes_sent"] if stats["bytes_sent"] else 0.0
         self._step.clear()
         self.steps += 1
         if self.log_every and self.steps % self.log_every == 0:
             print(f"lhc hook step {self.steps}: {stats['bytes_sent'] / 1e6:.3f} MB on the wire, "
-                  f"compression {stats['compression_ratio']:.1f}x, modes {sorted(set(self.modes.values()))}",
-                  flush=True)
+                  f"compression {stats['compression_ratio']:.1f}x, modes {sorted(set(self.modes.values()))}, "
+                  f"buckets via switch {stats['buckets_switch']:.0f} host {stats['buckets_host']:.0f}, "
+                  f"fallbacks {stats['path_fallbacks']} returns {stats['path_returns']}", flush=True)
         return stats
 
     # --- checkpoints ---------------------------------------------------------------------------------
@@ -143,4 +178,4 @@ def lhc_hook(state: LhcHookState, bucket: dist.GradBucket) -> torch.futures.Futu
         return reduced.total.div_(state.world_size).to(buffer.dtype)
 
     # The training step raises an error where it waits for gradients.
-    return state.agent.allreduce_torch_future(gradient, finish, key=key)
+    return state.agent.allreduce_torch_future(gradient, finish, key=key, step_end=bucket.is_last())

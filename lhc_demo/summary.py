@@ -40,6 +40,12 @@ def bytes_per_step(ranks: list[dict]) -> float:
     return steady_mean([float(b) for b in ranks[0]["bytes_per_step"]])
 
 
+def host_steps(ranks: list[dict]) -> list[int]:
+    """The steps in which any rank sent a bucket over the hosts instead of the switch."""
+    flags = [r.get("host_steps", []) for r in ranks]
+    return [step for step, on_hosts in enumerate(zip(*flags, strict=True)) if any(on_hosts)]
+
+
 def summarize(runs: dict[str, list[dict]]) -> dict:
     """The demo's JSON summary from the ranks' results of the ``ddp``, ``dense`` and ``lhc`` runs."""
     ddp, dense, lhc = (runs[name] for name in ("ddp", "dense", "lhc"))
@@ -67,6 +73,10 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         "initial_auc": ddp[0]["initial_auc"],
         "first_auc": {name: ranks[0]["auc"][0] for name, ranks in runs.items()},
         "last_auc": {name: ranks[0]["auc"][-1] for name, ranks in runs.items()},
+        # steps in which the lhc run sent a bucket over the hosts (its switch path failed: --kill-switch-at),
+        # and its path changes (host_agent.paths)
+        "lhc_host_steps": host_steps(lhc),
+        "lhc_path_changes": lhc[0].get("path_changes", {"fallbacks": 0, "returns": 0}),
         "workers": lhc[0]["world"],
         "steps": len(lhc_losses),
     }
@@ -85,6 +95,10 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
         times.plot(per_step, label=name, color=color)
         if ranks[0]["bytes_per_step"]:
             wire.plot([b / 1e6 for b in ranks[0]["bytes_per_step"]], label=name, color=color)
+    for step in host_steps(runs["lhc"]):  # the lhc run's steps over the hosts, shaded in every panel by step
+        for panel in (losses, wire, times):
+            panel.axvspan(step - 0.5, step + 0.5, color=COLORS["lhc"], alpha=0.15, linewidth=0,
+                          label="lhc over the hosts" if step == host_steps(runs["lhc"])[0] else None)
     losses.set(title="training loss (mean over workers)", xlabel="step", ylabel="BCE loss")
     auc.axhline(0.5, color="grey", linestyle="--", label="chance")
     auc.set(title="held-out ROC AUC", xlabel="steps done", ylabel="AUC")

@@ -10,6 +10,11 @@ costs, writes a plot and the ranks' raw results to ``--out``, and ends with one 
 (``lhc_demo.summary``).
 
     python -m lhc_demo.train [--workers 4] [--steps 20] [--out build/demo] [--json] [model options]
+                             [--kill-switch-at STEP [--restart-switch-after SECONDS]]
+
+``--kill-switch-at`` kills the switch (-9) in the middle of the lhc run (the last of the three): the ranks
+go on over the process group with the same bits, so its losses still equal the dense run's, and the plot
+shades the steps that went over the hosts.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from tqdm import tqdm
@@ -36,6 +43,8 @@ RUN_TIMEOUT_S = 900
 #: switch shared by many jobs) caps a loopback worker at 64 packets per round trip; the demo has the
 #: switch to itself.
 DEMO_SLOTS = 256
+#: With --kill-switch-at, how long a packet waits before the ranks leave the switch (30 s by default).
+FAULT_SWITCH_TIMEOUT_S = 3.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (%(default)s)")
     parser.add_argument("--out", type=Path, default=Path("build/demo"), help="plot and results (%(default)s)")
     parser.add_argument("--json", action="store_true", help="print only the JSON summary line")
+    parser.add_argument("--kill-switch-at", type=int, metavar="STEP",
+                        help="in the lhc run, kill the switch (-9) once step STEP is done: the ranks go on "
+                             "over the hosts with the same bits (docs/pytorch.md)")
+    parser.add_argument("--restart-switch-after", type=float, metavar="SECONDS",
+                        help="with --kill-switch-at: start the switch again this long after the kill; the "
+                             "ranks return to it at a step end")
     config_arguments(parser)
     return parser
 
@@ -64,10 +79,34 @@ def _worker_argv(args: argparse.Namespace, run: str, rank: int, master: str, job
         argv += ["--controller", controller, "--job", job]
     if rank == 0:
         argv.append("--progress")
+    if args.kill_switch_at is not None:
+        argv += ["--switch-timeout", str(FAULT_SWITCH_TIMEOUT_S)]
     return argv
 
 
-def run_once(args: argparse.Namespace, run: str, controller: ControllerProcess, scratch: Path) -> list[dict]:
+class SwitchFault:
+    """``--kill-switch-at``: kills the switch when rank 0 reports that step done (in the lhc run), and
+    with ``--restart-switch-after`` starts it again that much later, on its own thread."""
+
+    def __init__(self, switch: SoftswitchProcess, args: argparse.Namespace) -> None:
+        self.switch, self.at, self.after = switch, args.kill_switch_at, args.restart_switch_after
+        self.thread: threading.Thread | None = None
+
+    def step_done(self, run: str, line: str) -> None:
+        if run != "lhc" or self.at is None or self.thread is not None or line.split()[1] != str(self.at):
+            return
+        self.switch.kill()
+        if self.after is not None:
+            self.thread = threading.Thread(target=self._restart, daemon=True)
+            self.thread.start()
+
+    def _restart(self) -> None:
+        time.sleep(self.after)
+        self.switch.restart(crash=True)
+
+
+def run_once(args: argparse.Namespace, run: str, controller: ControllerProcess, scratch: Path,
+             fault: SwitchFault | None = None) -> list[dict]:
     """One run: W worker processes, their JSON results in rank order."""
     job = None
     if run != "ddp":
@@ -87,6 +126,8 @@ def run_once(args: argparse.Namespace, run: str, controller: ControllerProcess, 
             for line in procs[0].stdout:  # rank 0 prints one line per finished step
                 if line.startswith("step "):
                     bar.update(1)
+                    if fault is not None:
+                        fault.step_done(run, line)
         errors = [proc.communicate(timeout=RUN_TIMEOUT_S)[1] for proc in procs]
         codes = [proc.returncode for proc in procs]
     finally:
@@ -124,11 +165,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--workers must be in 2..32")
     if args.steps < 1:
         raise SystemExit("--steps must be at least 1")
+    if args.kill_switch_at is not None and not 0 <= args.kill_switch_at < args.steps - 1:
+        raise SystemExit("--kill-switch-at must name a step before the last")
+    if args.restart_switch_after is not None and args.kill_switch_at is None:
+        raise SystemExit("--restart-switch-after needs --kill-switch-at")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="lhc-demo-") as tmp:
         scratch = Path(tmp)
         with SoftswitchProcess() as switch, ControllerProcess(switch, scratch / "controller") as controller:
-            runs = {run: run_once(args, run, controller, scratch) for run in RUNS}
+            fault = SwitchFault(switch, args)
+            runs = {run: run_once(args, run, controller, scratch, fault) for run in RUNS}
+            if fault.thread is not None:
+                fault.thread.join()
     (args.out / "runs.json").write_text(json.dumps(runs))
     result = summary.summarize(runs)
     summary.plot(runs, args.out / "demo.png")

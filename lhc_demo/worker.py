@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json-out", type=Path, required=True)
     parser.add_argument("--progress", action="store_true", help="print one line per finished step")
+    parser.add_argument("--switch-timeout", type=float, default=30.0,
+                        help="seconds a packet may wait before the switch path is left (%(default)s)")
     config_arguments(parser)
     return parser
 
@@ -68,7 +70,8 @@ def _attach_hook(model: DistributedDataParallel, args: argparse.Namespace):
     if not (args.controller and args.job):
         raise SystemExit(f"--run {args.run} aggregates through the switch: give --controller and --job")
     state = LhcHookState.join(
-        args.controller, args.job, mode=HOOK_MODES[args.run], ip=args.ip, host=args.host
+        args.controller, args.job, mode=HOOK_MODES[args.run], ip=args.ip, host=args.host,
+        timeout_s=args.switch_timeout,
     )
     model.register_comm_hook(state, lhc_hook)
     return state
@@ -95,7 +98,7 @@ def train(args: argparse.Namespace) -> dict:
     initial_auc = _held_out_auc(model.module, held_out)
     losses, step_s, wire_bytes, aggregate_s, auc = [], [], [], [], []
     retransmitted = {"fast": 0, "timer": 0, "probe": 0}
-    packets = 0
+    packets, host_steps = 0, []
     for step in range(args.steps):
         users, items, clicked = data.batch(args.rank, step)
         started = time.perf_counter()
@@ -116,8 +119,11 @@ def train(args: argparse.Namespace) -> dict:
             retransmitted["timer"] += int(step_stats["timer_retransmissions"])
             retransmitted["probe"] += int(step_stats["tail_probes"])
             packets += int(step_stats["packets"])
+            host_steps.append(int(step_stats["buckets_host"]) > 0)  # a bucket went over the hosts
     every_rank: list[list[float]] = [[] for _ in range(args.world)]
     dist.all_gather_object(every_rank, losses)
+    backend = state.agent.backend if state is not None else None  # a PathBackend counts its changes
+    path_changes = {name: getattr(backend, name, 0) for name in ("fallbacks", "returns")}
     if state is not None:
         state.close()
     return {
@@ -130,6 +136,8 @@ def train(args: argparse.Namespace) -> dict:
         "aggregate_s": aggregate_s,
         "retransmissions": retransmitted,
         "packets": packets,
+        "host_steps": host_steps,
+        "path_changes": path_changes,
         "initial_auc": initial_auc,
         "auc": auc,
         "config": config.to_dict(),

@@ -88,12 +88,13 @@ def test_the_held_out_set_is_no_training_batch() -> None:
 
 @pytest.fixture(scope="module")
 def short_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    """One shortened ``make demo`` (2 workers, 6 steps) for every test of it: its summary and its output
-    folder."""
+    """One shortened ``make demo`` (2 workers, 6 steps, the switch killed after step 3 of the lhc run, so
+    that one run also proves the fallback: steps 0-3 went through the switch) for every test of it: its
+    summary and its output folder."""
     out = tmp_path_factory.mktemp("demo")
     done = subprocess.run(
         [sys.executable, "-m", "lhc_demo.train", "--workers", "2", "--steps", "6", "--json",
-         "--out", str(out)],
+         "--out", str(out), "--kill-switch-at", "3"],
         capture_output=True, text=True, timeout=600, cwd=REPO,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -126,3 +127,17 @@ def test_a_short_demo_trains_exactly_through_the_switch(short_demo: tuple[dict, 
     assert summary["bytes_ratio"] >= 5, summary
     assert summary["steps"] == 6 and summary["workers"] == 2
     assert (out / "demo.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_demo_whose_switch_is_killed_mid_run_goes_on_over_the_hosts(short_demo: tuple[dict, Path]) -> None:
+    """The short demo runs with ``--kill-switch-at 3``: the switch is killed (-9) after step 3 of the lhc
+    run and stays dead; the run finishes over the hosts with the dense run's losses bit for bit (the test
+    above), the summary lists the steps on the hosts and one fallback, and the plot shades them."""
+    summary, out = short_demo
+    assert summary["lhc_host_steps"] and min(summary["lhc_host_steps"]) >= 3, summary
+    assert summary["lhc_host_steps"][-1] == 5, summary
+    assert summary["lhc_path_changes"] == {"fallbacks": 1, "returns": 0}, summary
+    runs = json.loads((out / "runs.json").read_text())
+    assert all(not any(r["host_steps"]) for ranks in (runs["ddp"], runs["dense"]) for r in ranks
+               if "host_steps" in r)

@@ -40,6 +40,8 @@ def _tensor_copy(words: np.ndarray) -> torch.Tensor:
 class SwitchBackend(Backend):
     """One member of a job on the switch; see :meth:`join`."""
 
+    path = "switch"
+
     def __init__(self, client: JobClient, job: str, joined: Joined, channel: Channel, *,
                  timeout_s: float, heartbeat_s: float, engine: str | None = None) -> None:
         self.client = client
@@ -48,12 +50,14 @@ class SwitchBackend(Backend):
         self.rank = joined.rank
         self.world_size = joined.job.workers
         self.channel = channel
-        who = StreamIdentity(joined.job_id, joined.rank, joined.epoch, joined.slot_count)
-        self.stream = PacketStream(channel, who, self.world_size, timeout_s=timeout_s,
-                                   diagnose=self._diagnose, native=_engine_choice(engine),
-                                   deliver=_tensor_copy)
+        self._engine = engine
+        self.stream = self._new_stream(joined.epoch, timeout_s)
         self._left = False
-        self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change)
+        self._fallen_epoch: int | None = None  # the epoch under which the path layer left the switch
+        #: What the heartbeats tell the controller of this worker's paths (set by ``host_agent.paths``).
+        self.path_report = ""
+        self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change,
+                                                  report=lambda: self.path_report)
 
     @classmethod
     def join(cls, controller: str, job: str, *, ip: str = "127.0.0.1", udp_port: int = 0, host: str = "",
@@ -69,7 +73,7 @@ class SwitchBackend(Backend):
         controller's certificate) default to ``LHC_TOKEN_FILE`` and ``LHC_TLS_*``."""
         _engine_choice(engine)
         token, tls = from_environment(token, tls)
-        client = JobClient(controller, token=token, tls=tls)
+        client = JobClient(controller, token=token, tls=tls, timeout=min(30.0, install_timeout_s))
         channel = Channel((ip, udp_port), impairment=impairment or Impairment())
         try:
             joined = client.join(job, udp_port=channel.local[1], ip="" if host else ip, host=host, name=name)
@@ -106,6 +110,31 @@ class SwitchBackend(Backend):
         self.heartbeats.stop()
         self._leave()
 
+    # --- the path layer (host_agent.paths) -------------------------------------------------------------
+    def leave_path(self) -> None:
+        """The ranks went on over the hosts: stop the stream (it sends nothing more) and remember its
+        epoch; the membership and its heartbeats stay, so that the job can be used again."""
+        self._fallen_epoch = self.stream.who.epoch
+        self.stream.close()
+
+    def return_epoch(self) -> int:
+        """The epoch a new stream could use: the job installed under an epoch newer than the one the
+        path left (a switch back empty, a job re-admitted), else 0."""
+        info = self.heartbeats.latest
+        usable = info is not None and info.state == pb.ACTIVE and info.installed
+        return info.epoch if usable and info.epoch != self._fallen_epoch else 0
+
+    def reopen(self, epoch: int) -> None:
+        """A fresh stream under ``epoch``, from position 0 (every rank does it at the same call)."""
+        self.stream.close()
+        self.stream = self._new_stream(epoch, self.stream.timeout_s)
+        self._fallen_epoch = None
+
+    def _new_stream(self, epoch: int, timeout_s: float) -> PacketStream:
+        who = StreamIdentity(self.joined.job_id, self.rank, epoch, self.joined.slot_count)
+        return PacketStream(self.channel, who, self.world_size, timeout_s=timeout_s, diagnose=self._diagnose,
+                            native=_engine_choice(self._engine), deliver=_tensor_copy)
+
     def close(self) -> None:
         self.heartbeats.stop()
         self.stream.close()
@@ -141,7 +170,22 @@ class SwitchBackend(Backend):
             f"rank {m.rank} ({m.name or m.address.ip}:{m.address.udp_port}, last heartbeat "
             f"{m.last_heartbeat_age_s:.1f} s ago)" for m in info.members if m.rank in ranks
         )
-        return f"{what}; silent workers: {named or 'none known to the controller'}", ranks
+        if named:
+            return f"{what}; silent workers: {named}", ranks
+        return f"{what}; {_switches_said(info)}", ranks
+
+
+def _switches_said(info: pb.JobInfo) -> str:
+    """What the controller knows of the job's switches when no worker is silent: the ones that did not
+    answer its counter read (down, or hung: the controller probes them), else whether the job is installed."""
+    answered = {row.switch for row in info.switch_counters}
+    silent = [name for name in info.switches if name not in answered]
+    if silent:
+        who = "the switch" if silent == ["switch"] else f"switch {', '.join(silent)}"  # one switch's name
+        return f"{who} does not answer the controller (down or hung); no worker is silent"
+    if not info.installed:
+        return "the job is not installed on its switch(es) now; no worker is silent"
+    return "silent workers: none known to the controller, and its switches answer"
 
 
 def _engine_choice(engine: str | None) -> bool | None:

@@ -116,9 +116,10 @@ class Heartbeats:
 
     def __init__(
         self, client: JobClient, job: str, rank: int, interval: float,
-        on_change: Callable[[pb.JobInfo], None] | None = None,
+        on_change: Callable[[pb.JobInfo], None] | None = None, report: Callable[[], str] | None = None,
     ) -> None:  # fmt: skip
         self.latest: pb.JobInfo | None = None
+        self._report = report
         self.error: ControllerError | None = None
         self._on_change = on_change
         self._stop = threading.Event()
@@ -134,7 +135,8 @@ class Heartbeats:
         seen = None
         while not self._stop.is_set():
             try:
-                self.latest = client.heartbeat(job, rank, timeout=self._rpc_timeout)
+                report = self._report() if self._report is not None else ""
+                self.latest = client.heartbeat(job, rank, timeout=self._rpc_timeout, report=report)
                 self.error = None
             except ControllerError as exc:
                 self.error = exc
@@ -172,10 +174,10 @@ class JobClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, request, timeout: float | None = None):
+    def _call(self, method: str, request, timeout: float | None = None, metadata: tuple = ()):
         timeout = self.timeout if timeout is None else timeout
         try:
-            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
+            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata + metadata)
         except grpc.RpcError as error:
             raise _error(error, self.address, self.tls) from None
 
@@ -245,16 +247,19 @@ class JobClient:
             reply.job,
         )
 
-    def heartbeat(self, job: str, rank: int, timeout: float | None = None) -> pb.JobInfo:
-        return self._call("Heartbeat", pb.HeartbeatRequest(job=job, rank=rank), timeout)
+    def heartbeat(self, job: str, rank: int, timeout: float | None = None, report: str = "") -> pb.JobInfo:
+        """``report``: what the worker says of its paths, as the call metadata ``lhc-path``
+        (``controller.path_reports``; empty: none)."""
+        metadata = (("lhc-path", report),) if report else ()
+        return self._call("Heartbeat", pb.HeartbeatRequest(job=job, rank=rank), timeout, metadata)
 
     def start_heartbeats(
         self, job: str, rank: int, interval: float = 1.0,
-        on_change: Callable[[pb.JobInfo], None] | None = None,
+        on_change: Callable[[pb.JobInfo], None] | None = None, report: Callable[[], str] | None = None,
     ) -> Heartbeats:  # fmt: skip
         """Heartbeat in a thread (see ``Heartbeats``); keep ``interval`` well below the job's
-        heartbeat timeout (a third of it, say)."""
-        return Heartbeats(self, job, rank, interval, on_change)
+        heartbeat timeout (a third of it, say). ``report`` gives each beat's path report."""
+        return Heartbeats(self, job, rank, interval, on_change, report)
 
     def status(self, job: str, timeout: float | None = None) -> pb.JobInfo:
         return self._call("JobStatus", pb.JobStatusRequest(job=job), timeout)

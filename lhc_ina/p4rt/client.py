@@ -129,6 +129,15 @@ class P4RuntimeClient:
             )
         return self
 
+    def answers(self, timeout: float) -> bool:
+        """Whether the server answers one cheap call (Capabilities) within ``timeout`` s: a process that
+        is stopped keeps its connection open but answers nothing."""
+        try:
+            self.stub.Capabilities(p4runtime_pb2.CapabilitiesRequest(), timeout=timeout)
+        except grpc.RpcError as error:
+            return error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+        return True
+
     def _why_unreachable(self) -> str:
         """Why the channel never became ready, as the transport says it: one cheap call brings back the
         last connection error, so that a refused TLS handshake is not reported as an absent server."""
@@ -286,13 +295,14 @@ class P4RuntimeClient:
         self.write(_UPDATE(type=_UPDATE.DELETE, entity=to_entity(e)) for e in entities)
 
     # -- reads --
-    def read(self, *entities: Writable) -> list[p4runtime_pb2.Entity]:
-        """Every entity that matches the given (possibly wildcard) entities."""
+    def read(self, *entities: Writable, timeout: float | None = None) -> list[p4runtime_pb2.Entity]:
+        """Every entity that matches the given (possibly wildcard) entities (``timeout``: the client's
+        unless given)."""
         request = p4runtime_pb2.ReadRequest(
             device_id=self.device_id, entities=[to_entity(e) for e in entities]
         )
         try:
-            replies = self.stub.Read(request, timeout=self.timeout)
+            replies = self.stub.Read(request, timeout=self.timeout if timeout is None else timeout)
             return [entity for reply in replies for entity in reply.entities]
         except grpc.RpcError as error:
             raise P4RuntimeError.from_rpc("Read", error) from error
@@ -310,7 +320,9 @@ class P4RuntimeClient:
         entities = self.read(wildcard)
         return [entity.packet_replication_engine_entry.multicast_group_entry for entity in entities]
 
-    def read_counter(self, counter: str, index: int | None = None) -> dict[int, CounterValue]:
+    def read_counter(self, counter: str, index: int | None = None,
+                     timeout: float | None = None) -> dict[int, CounterValue]:
         """Cells of a counter by index: one cell, or all of them with ``index`` None."""
-        cells = [e.counter_entry for e in self.read(self._builder().counter_entry(counter, index))]
+        entities = self.read(self._builder().counter_entry(counter, index), timeout=timeout)
+        cells = [e.counter_entry for e in entities]
         return {c.index.index: CounterValue(c.data.packet_count, c.data.byte_count) for c in cells}

@@ -27,6 +27,16 @@ def call_input(rank: int, call: int, n: int = 3000, dtype: torch.dtype = torch.f
     return x.to(dtype)
 
 
+def float_input(rank: int, call: int, n: int, nonzeros: int) -> torch.Tensor:
+    """A sparse input of real floats (quantized at the agreed scale, so not exactly), the same on every run
+    for (rank, call): a run's bits depend on its codec states' history, which the path trials compare."""
+    generator = torch.Generator().manual_seed(1000 * call + rank)
+    x = torch.zeros(n)
+    picked = torch.randperm(n, generator=generator)[:nonzeros]
+    x[picked] = torch.randn(nonzeros, generator=generator)
+    return x
+
+
 @contextlib.contextmanager
 def failing_session(rank: int, call_number: int, advance: int = 2) -> Iterator[None]:
     """While active, the session of ``rank``'s agent for its call ``call_number`` (its n-th session) raises
