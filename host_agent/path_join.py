@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from host_agent.agent_backend import Backend
-from host_agent.paths import DEFAULT_MEET_TIMEOUT_S, PathBackend, PathPolicy
+from host_agent.path_policy import PathPolicy
+from host_agent.paths import DEFAULT_MEET_TIMEOUT_S, PathBackend
 from lhc_ina.constants import Op
 from lhc_ina.jobservice.errors import ControllerError
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Hashable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -41,11 +42,11 @@ import torch
 
 from host_agent.agent_backend import Backend, LinkEstimate
 from host_agent.errors import AggregationError
+from host_agent.path_policy import HOST, SWITCH, CallFacts, PathPolicy, SwitchWhileHealthy
 from lhc_ina.constants import Op
 
 log = logging.getLogger("lhc.paths")
 
-SWITCH, HOST = "switch", "host"
 #: How long a rank waits for its peers at a meeting or a vote before it gives up (they may be computing a
 #: step before they reach their next call).
 DEFAULT_MEET_TIMEOUT_S = 60.0
@@ -53,31 +54,6 @@ DEFAULT_MEET_TIMEOUT_S = 60.0
 DEFAULT_VOTE_EVERY = 4
 _CLOSING = "the run ended on a rank that had finished its calls"
 _KEPT_CALLS = 2  # a rank is at most one call ahead of another: the current call and the one before
-
-
-@dataclass(frozen=True)
-class CallFacts:
-    """What a policy may read to choose a call's path: facts every rank holds alike."""
-
-    number: int  # the call's number, the same on every rank
-    key: Hashable  # the bucket's key
-    elements: int  # the bucket's length
-    switch_usable: bool  # the switch path is in use: not failed since the last agreed return
-
-
-class PathPolicy(Protocol):
-    """Chooses each call's path from agreed facts only, so that every rank chooses alike."""
-
-    def choose(self, facts: CallFacts) -> str:
-        """:data:`SWITCH` or :data:`HOST` (the switch only where ``facts.switch_usable``)."""
-        ...
-
-
-class SwitchWhileHealthy:
-    """The default: every call through the switch while its path is usable, over the hosts otherwise."""
-
-    def choose(self, facts: CallFacts) -> str:
-        return SWITCH if facts.switch_usable else HOST
 
 
 class SwitchPath(Protocol):
@@ -140,6 +116,8 @@ class PathBackend(Backend):
         self._step_ends: dict[int, bool] = {}
         self._marked = False  # the caller marks step ends: votes follow them, not a call count
         self._estimates: dict[int, LinkEstimate | None] = {}
+        self._facts: CallFacts | None = None  # the call in progress, as its policy saw it
+        self._began = 0.0
         self._lock = threading.Lock()
 
     # --- what the agent sees as one backend -------------------------------------------------------
@@ -185,7 +163,9 @@ class PathBackend(Backend):
         self._marked = self._marked or step_end
         if not self.switch_usable and self.switch is not None and self._vote_due(number):
             self._vote(number)
-        self._path = self.policy.choose(CallFacts(number, key, elements, self.switch_usable))
+        self._facts = CallFacts(number, key, elements, self.switch_usable)
+        self._path = self.policy.choose(self._facts, self._host_sum)
+        self._began = time.perf_counter()
         if self._path not in (SWITCH, HOST) or (self._path == SWITCH and not self.switch_usable):
             raise ValueError(f"the path policy chose {self._path!r} for call {number}: not a usable path")
         self._call = number
@@ -196,6 +176,8 @@ class PathBackend(Backend):
         """Call ``number`` completed on this rank: keep its log (a peer may still need it), drop older."""
         self._finished = number
         self.calls[self._path] += 1
+        if self._facts is not None and self._facts.number == number:
+            self.policy.observe(self._facts, self._path, time.perf_counter() - self._began)
         if self.switch is not None:  # the controller hears it with the next heartbeat
             self.switch.path_report = (f"path={self._path},switch_calls={self.calls[SWITCH]},"  # type: ignore
                                        f"host_calls={self.calls[HOST]},fallbacks={self.fallbacks},"
@@ -299,6 +281,10 @@ class PathBackend(Backend):
         self.events.append({"event": "return", "call": number, "why": f"epoch {epoch} installed"})
         log.warning("rank %d: the switch path is back (epoch %d); every rank returns to it from call %d",
                     self.rank, epoch, number)
+
+    def _host_sum(self, words: torch.Tensor, what: str) -> torch.Tensor:
+        """``words`` summed over every rank through the hosts (what a policy agrees its measurements with)."""
+        return self._wait(self.host.reduce(Op.ADD, words), what)
 
     def _wait(self, future: Future, what: str) -> torch.Tensor:
         try:

@@ -14,7 +14,8 @@ import torch
 
 from host_agent.agent import Agent
 from host_agent.errors import AggregationError
-from host_agent.paths import HOST, SWITCH, CallFacts, PathBackend, SwitchWhileHealthy
+from host_agent.path_policy import HOST, SWITCH
+from host_agent.paths import PathBackend
 from lhc_ina.constants import Op
 from tests.harness.faults import float_input
 from tests.harness.local_backend import LocalBackend, LocalGroup
@@ -89,12 +90,6 @@ def unbroken() -> tuple[list[list[tuple[torch.Tensor, str]]], list[int]]:
     sent.clear()
     totals = _run(_agents(3, -1, set())[0])
     return totals, [count - 1 for count in sent]
-
-
-def test_the_default_policy_takes_the_switch_while_it_is_usable() -> None:
-    policy = SwitchWhileHealthy()
-    assert policy.choose(CallFacts(0, "a", 10, switch_usable=True)) == SWITCH
-    assert policy.choose(CallFacts(0, "a", 10, switch_usable=False)) == HOST
 
 
 @pytest.mark.parametrize("seed", range(6))

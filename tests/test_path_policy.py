@@ -1,0 +1,127 @@
+"""The path policies (host_agent/path_policy.py): the default keeps the switch while it serves; ``fastest``
+times each bucket on both paths, agrees the timings over the hosts and keeps the faster path, the same on
+every rank and with the same bits as the switch alone."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+import torch
+
+from host_agent.agent import Agent
+from host_agent.path_policy import HOST, SWITCH, CallFacts, FastestPath, SwitchWhileHealthy, make_policy
+from host_agent.paths import PathBackend
+from lhc_ina.constants import Op
+from tests.harness.faults import float_input
+from tests.harness.local_backend import LocalBackend, LocalGroup
+
+WORLD, CALLS = 3, 12
+
+
+def _facts(number: int, key: str = "a", usable: bool = True) -> CallFacts:
+    return CallFacts(number, key, 100, switch_usable=usable)
+
+
+def _no_meeting(words: torch.Tensor, what: str) -> torch.Tensor:
+    raise AssertionError(f"the default policy met the other ranks for {what}")
+
+
+def test_the_default_policy_takes_the_switch_while_it_is_usable_and_never_meets() -> None:
+    policy = SwitchWhileHealthy()
+    assert policy.choose(_facts(0), _no_meeting) == SWITCH
+    assert policy.choose(_facts(1, usable=False), _no_meeting) == HOST
+
+
+def test_fastest_warms_up_on_the_switch_then_alternates_and_settles_on_the_smaller_sum() -> None:
+    policy = FastestPath(world_size=2, trials=2)
+    sums: list[list[int]] = []
+
+    def host_sum(words: torch.Tensor, what: str) -> torch.Tensor:
+        sums.append(words.tolist())
+        assert "bucket 'a'" in what
+        return words * 2  # two ranks that measured alike
+
+    paths = []
+    for number in range(5):
+        paths.append(policy.choose(_facts(number), host_sum))
+        policy.observe(_facts(number), paths[-1], 0.030 if paths[-1] == SWITCH else 0.010)
+    assert paths == [SWITCH, SWITCH, HOST, SWITCH, HOST]
+    assert sums == []  # no meeting before every trial is in
+    assert policy.choose(_facts(5), host_sum) == HOST
+    assert sums == [[60_000, 20_000]]  # the warm-up call is not a trial
+    assert policy.choose(_facts(6), host_sum) == HOST and len(sums) == 1  # settled: no more meetings
+    assert "switch 120.0 ms, hosts 40.0 ms" in policy.reasons["a"]
+
+
+def test_fastest_keeps_the_switch_when_it_is_faster_or_the_hosts_were_never_timed() -> None:
+    for host_s, want in ((0.050, SWITCH), (None, SWITCH)):
+        policy = FastestPath(world_size=1, trials=1)
+        for number in range(3):
+            path = policy.choose(_facts(number), lambda words, what: words)
+            if path == SWITCH or host_s is not None:
+                policy.observe(_facts(number), path, 0.020 if path == SWITCH else host_s)
+        assert policy.choose(_facts(3), lambda words, what: words) == want
+
+
+def test_fastest_takes_the_hosts_while_the_switch_is_not_usable_and_caps_its_sum() -> None:
+    policy = FastestPath(world_size=1024)
+    assert policy.choose(_facts(0, usable=False), lambda w, s: w) == HOST
+    assert policy.cap_us * 1024 < 2**31
+    policy.choose(_facts(1), lambda w, s: w)
+    policy.choose(_facts(2), lambda w, s: w)
+    policy.observe(_facts(2), SWITCH, 10_000.0)  # an hour-long trial saturates, never wraps
+    assert policy._spent_us["a"][0] == policy.cap_us
+
+
+def test_a_path_name_the_policies_do_not_know_is_refused() -> None:
+    assert isinstance(make_policy("fastest", 4), FastestPath)
+    with pytest.raises(ValueError, match="path must be one of"):
+        make_policy("quickest", 4)
+
+
+class SlowSwitch(LocalBackend):
+    """A switch path in memory that takes ``delay_s`` per message."""
+
+    def __init__(self, group: LocalGroup, rank: int, delay_s: float) -> None:
+        super().__init__(group, rank)
+        self.delay_s = delay_s
+
+    def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
+        time.sleep(self.delay_s)
+        return super().reduce(op, words)
+
+
+def _run(switch_delay_s: float, policy: str) -> list[list[tuple[torch.Tensor, str]]]:
+    switch, hosts = LocalGroup(WORLD), LocalGroup(WORLD).members()
+    agents = [Agent(PathBackend(hosts[rank], SlowSwitch(switch, rank, switch_delay_s),
+                                policy=make_policy(policy, WORLD), meet_timeout_s=10), timeout_s=10)
+              for rank in range(WORLD)]
+    out: list[list[tuple[torch.Tensor, str]]] = [[] for _ in agents]
+
+    def member(agent: Agent) -> None:
+        for call in range(CALLS):
+            result = agent.allreduce(float_input(agent.rank, call, 4000, 200), key=call % 2)
+            out[agent.rank].append((result.total, result.stats["path"]))
+        agent.close()
+
+    with ThreadPoolExecutor(WORLD) as pool:
+        list(pool.map(member, agents, timeout=60))
+    return out
+
+
+def test_fastest_moves_buckets_to_the_faster_hosts_with_the_switchs_bits() -> None:
+    """A switch path 20 ms a message slower than the hosts: after each bucket's warm-up and trials every
+    rank sends it over the hosts, at the same call; every total equals the switch-only run's."""
+    switch_only = _run(0.020, "switch")
+    fastest = _run(0.020, "fastest")
+    for rank in range(WORLD):
+        for (want, want_path), (got, _) in zip(switch_only[rank], fastest[rank], strict=True):
+            assert want_path == SWITCH
+            assert torch.equal(want, got)
+    paths = [[path for _, path in calls] for calls in fastest]
+    assert paths[0] == paths[1] == paths[2]
+    trials = 1 + 2 * 2  # per bucket; two buckets alternate
+    assert paths[0][: 2 * trials] == [SWITCH] * 4 + [HOST] * 2 + [SWITCH] * 2 + [HOST] * 2
+    assert paths[0][2 * trials:] == [HOST] * (CALLS - 2 * trials)
