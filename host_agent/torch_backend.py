@@ -39,6 +39,7 @@ from host_agent.path_join import (
     join_or_fall_back,
     strict_from_env,
 )
+from host_agent.path_policy import PATH_CHOICES, make_policy
 from host_agent.paths import DEFAULT_MEET_TIMEOUT_S
 
 BACKEND = "lhc"
@@ -68,11 +69,14 @@ class LhcConfig:
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
     switch_timeout_s: float = 30.0
     meet_timeout_s: float = DEFAULT_MEET_TIMEOUT_S
+    path: str = "switch"
 
     def __post_init__(self) -> None:
         if self.cuda_collectives not in CUDA_COLLECTIVES:
             raise ValueError(f"LHC_CUDA_COLLECTIVES must be one of {CUDA_COLLECTIVES}, not "
                              f"{self.cuda_collectives!r}")
+        if self.path not in PATH_CHOICES:
+            raise ValueError(f"LHC_PATH must be one of {PATH_CHOICES}, not {self.path!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> LhcConfig:
@@ -80,14 +84,16 @@ class LhcConfig:
         ``LHC_IP`` (this worker's data-plane address) or ``LHC_HOST`` (its name in the topology),
         ``LHC_CUDA_COLLECTIVES`` (:data:`CUDA_COLLECTIVES`, default nccl); the fallback's (docs/pytorch.md,
         "When the switch cannot serve"): ``LHC_STRICT``, ``LHC_JOIN_TIMEOUT_S``, ``LHC_SWITCH_TIMEOUT_S`` (a
-        stalled packet's deadline), ``LHC_MEET_TIMEOUT_S``."""
+        stalled packet's deadline), ``LHC_MEET_TIMEOUT_S``; ``LHC_PATH`` (:data:`PATH_CHOICES`, default
+        switch: ``fastest`` sends each bucket over the path measured faster for it)."""
         seconds = deadlines_from_env(environ)
         if "timeout_s" in seconds:
             seconds["switch_timeout_s"] = seconds.pop("timeout_s")
         config = cls(environ.get("LHC_CONTROLLER") or None, environ.get("LHC_JOB") or None,
                      environ.get("LHC_TOKEN") or None, environ.get("LHC_MODE", "auto"),
                      environ.get("LHC_IP", "127.0.0.1"), environ.get("LHC_HOST", ""),
-                     environ.get("LHC_CUDA_COLLECTIVES", "nccl"), strict_from_env(environ), **seconds)
+                     environ.get("LHC_CUDA_COLLECTIVES", "nccl"), strict_from_env(environ), **seconds,
+                     path=environ.get("LHC_PATH", "switch"))
         if config.controller and not config.job:
             raise ValueError("LHC_CONTROLLER is set but LHC_JOB is not: name the controller's job")
         return config
@@ -135,7 +141,8 @@ class LhcProcessGroup(dist.ProcessGroup):
             else:
                 paths = join_or_fall_back(config.controller, config.job, self._codec(store, timeout, config),
                                           join_timeout_s=config.join_timeout_s,
-                                          meet_timeout_s=config.meet_timeout_s, **switch_options)
+                                          meet_timeout_s=config.meet_timeout_s,
+                                          policy=make_policy(config.path, size), **switch_options)
                 self.agent = Agent(paths, mode=config.mode, timeout_s=2 * config.switch_timeout_s)
             self.job = config.job
             _JOBS_IN_USE.add(self.job)
