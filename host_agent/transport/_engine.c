@@ -8,7 +8,7 @@
  * stores. The Python stream above still owns messages, futures and epoch changes; it hands segments in
  * and gets whole segments back.
  *
- * PacketEngine(fd, job_id, rank, epoch, slot_count, world_size, timeout_s, loss, duplicate, seed, gso, loss_burst)
+ * PacketEngine(fd, job_id, rank, epoch, slot_count, result_mask, timeout_s, loss, duplicate, seed, gso, loss_burst)
  *   .set_switch(host, port)          where results must come from, and where packets go
  *   .add(ident, first, raw, result)  a segment: raw = its packets' bytes, result = writable uint32 buffer
  *   .restart(epoch)                  everything starts over at position 0 (the window and RTT stay)
@@ -36,25 +36,24 @@
 
 static int PacketEngine_init(PacketEngine *e, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"fd", "job_id", "rank", "epoch", "slot_count", "world_size", "timeout_s",
+    static char *names[] = {"fd", "job_id", "rank", "epoch", "slot_count", "result_mask", "timeout_s",
                             "loss", "duplicate", "seed", "gso", "loss_burst", NULL};
-    unsigned job_id, rank, epoch, slot_count, world_size;
+    unsigned job_id, rank, epoch, slot_count, result_mask;
     unsigned long long seed;
     double timeout_s;
     int gso = 1;
     e->loss_burst = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iIIIIIdddK|pL", names, &e->fd, &job_id, &rank, &epoch,
-                                     &slot_count, &world_size, &timeout_s, &e->loss, &e->duplicate, &seed,
+                                     &slot_count, &result_mask, &timeout_s, &e->loss, &e->duplicate, &seed,
                                      &gso, &e->loss_burst))
         return -1;
     if (!engine_configured) {
         PyErr_SetString(PyExc_RuntimeError, "_engine.configure() was not called");
         return -1;
     }
-    unsigned most = (unsigned)engine_constants.max_workers;
-    if (slot_count < 1 || world_size < 1 || world_size > most || e->loss_burst < 1) {
-        PyErr_Format(PyExc_ValueError, "slot_count %u, world_size %u (1..%u) and loss_burst %lld (>= 1) are not "
-                     "all valid", slot_count, world_size, most, e->loss_burst);
+    if (slot_count < 1 || result_mask == 0 || e->loss_burst < 1) {
+        PyErr_Format(PyExc_ValueError, "slot_count %u (>= 1), result_mask %#x (not 0) and loss_burst %lld (>= 1) "
+                     "are not all valid", slot_count, result_mask, e->loss_burst);
         return -1;
     }
     e->rng = seed;
@@ -68,7 +67,7 @@ static int PacketEngine_init(PacketEngine *e, PyObject *args, PyObject *kwargs)
     /* every packet of the window and one more, each possibly doubled by the impairment */
     e->tx_iov = calloc(2 * (slot_count + 1), sizeof(*e->tx_iov));
     if (e->tx_iov == NULL || udp_runs_init(&e->runs, (int32_t)(2 * (slot_count + 1)), 0) < 0 ||
-        core_init(&e->core, job_id, rank, epoch, slot_count, world_size) < 0) {
+        core_init(&e->core, job_id, rank, epoch, slot_count, result_mask) < 0) {
         PyErr_NoMemory();
         return -1;
     }

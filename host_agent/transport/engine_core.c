@@ -70,12 +70,12 @@ static void reset_positions(Core *c)  /* PacketEngine._reset_positions */
     c->n_out = 0;
 }
 
-int core_init(Core *c, unsigned job_id, unsigned rank, unsigned epoch, unsigned slot_count, unsigned world)
+int core_init(Core *c, unsigned job_id, unsigned rank, unsigned epoch, unsigned slot_count, uint32_t result_mask)
 {
     core_free(c);
     memset(c, 0, sizeof(*c));
     c->job_id = job_id, c->rank = rank, c->epoch = epoch, c->slot_count = slot_count;
-    c->full_mask = (uint32_t)((UINT64_C(1) << world) - 1);
+    c->full_mask = result_mask;
     c->rto = engine_constants.initial_rto;
     c->wsize = min2((double)slot_count, engine_constants.initial_window);
     c->min_rtt = INFINITY;

@@ -97,7 +97,7 @@ typedef struct {
 } Core;
 
 PyObject *core_configure(PyObject *constants);
-int core_init(Core *c, unsigned job_id, unsigned rank, unsigned epoch, unsigned slot_count, unsigned world);
+int core_init(Core *c, unsigned job_id, unsigned rank, unsigned epoch, unsigned slot_count, uint32_t result_mask);
 void core_free(Core *c);
 int core_add(Core *c, const Segment *segment);
 void core_restart(Core *c, unsigned epoch);

@@ -48,10 +48,11 @@ class SwitchBackend(Backend):
         self.rank = joined.rank
         self.world_size = joined.job.workers
         self.channel = channel
-        who = StreamIdentity(joined.job_id, joined.rank, joined.epoch, joined.slot_count)
+        who = StreamIdentity(joined.job_id, joined.rank, joined.epoch, joined.slot_count,
+                             worker_id=_wire_id(joined))
         self.stream = PacketStream(channel, who, self.world_size, timeout_s=timeout_s,
                                    diagnose=self._diagnose, native=_engine_choice(engine),
-                                   deliver=_tensor_copy)
+                                   deliver=_tensor_copy, result_mask=joined.job.result_mask)
         self._left = False
         self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change)
 
@@ -82,7 +83,7 @@ class SwitchBackend(Backend):
                 )
             channel.switch = (joined.switch_ip, joined.switch_udp_port)
             installed = client.wait_installed(job, timeout=install_timeout_s)
-            joined = replace(joined, epoch=installed.epoch)
+            joined = replace(joined, epoch=installed.epoch, job=installed)
         except BaseException:
             channel.close()
             client.close()
@@ -142,6 +143,16 @@ class SwitchBackend(Backend):
             f"{m.last_heartbeat_age_s:.1f} s ago)" for m in info.members if m.rank in ranks
         )
         return f"{what}; silent workers: {named or 'none known to the controller'}", ranks
+
+
+def _wire_id(joined: Joined) -> int:
+    """This worker's wire ``worker_id``: its rank within its switch, as the installed job names it (the
+    controller numbers a leaf's workers once every worker joined: docs/switch.md, "Ranks per level")."""
+    me = next((m for m in joined.job.members if m.rank == joined.rank), None)
+    if me is None or not joined.job.result_mask:
+        raise AggregationError(f"job {joined.job.name!r}: the controller named no wire identity for rank "
+                               f"{joined.rank} (a controller older than ranks per level?)")
+    return me.worker_id
 
 
 def _engine_choice(engine: str | None) -> bool | None:
