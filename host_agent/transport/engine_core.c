@@ -41,9 +41,6 @@ PyObject *core_configure(PyObject *constants)  /* engine_io.py: SHARED_CONSTANTS
     if (k.receive_batch != RX_BATCH || k.receive_burst != RX_BURST)
         return PyErr_Format(PyExc_ValueError, "configure(): receive batch %d and burst %d, compiled %d and %d",
                             k.receive_batch, k.receive_burst, RX_BATCH, RX_BURST);
-    if (k.max_workers < 1 || k.max_workers > (int)(8 * sizeof(uint32_t)))
-        return PyErr_Format(PyExc_ValueError, "configure(): MAX_WORKERS %d does not fit a 32-bit bitmap",
-                            k.max_workers);
     engine_constants = k;
     engine_configured = 1;
     Py_RETURN_NONE;

@@ -230,7 +230,7 @@ def make_engine(who: StreamIdentity, result_mask: int, channel: Channel, timeout
 #: The constants the C engine must share with the reference (checked when the module loads).
 SHARED_CONSTANTS = {
     "LANES": c.LANES, "HEADER_BYTES": c.HEADER_BYTES, "PACKET_BYTES": PACKET_BYTES,
-    "MAX_WORKERS": c.MAX_WORKERS, "UDP_GSO_SEGMENTS": c.UDP_GSO_SEGMENTS,
+    "UDP_GSO_SEGMENTS": c.UDP_GSO_SEGMENTS,
     "UDP_GSO_REFUSALS": c.UDP_GSO_REFUSALS, "UDP_GSO_BYTES": c.UDP_GSO_BYTES,
     "DUPLICATE_THRESHOLD": DUPLICATE_THRESHOLD, "MIN_RTO_S": MIN_RTO_S, "MAX_RTO_S": MAX_RTO_S,
     "INITIAL_RTO_S": INITIAL_RTO_S, "INITIAL_WINDOW": INITIAL_WINDOW, "RTO_FLOOR_RTTS": RTO_FLOOR_RTTS,
