@@ -18,10 +18,17 @@ Every row says its loss model (``loss``, ``loss_burst``); the lossy rows carry `
 mode's time over its lossless time) and the retransmissions by kind (``fast_retransmissions`` found from
 the results, ``timer_retransmissions`` by a timer). ``--engine`` picks the agents' packet engine.
 
-``--topology leafspine`` runs every lhc mode once more, in the same run, over two leaves and a spine
-(``lhc_launch.processes.FabricProcesses``: three softswitch processes on loopback, W/2 workers under each
-leaf, one controller driving all three); those rows carry ``topology: leafspine`` and
-``seconds_vs_single_switch`` (their time over the same mode's through one switch, at the same W and loss).
+``--topology leafspine`` runs every lhc mode once more, in the same run, over ``--leaves`` L leaves and a
+spine (``lhc_launch.processes.FabricProcesses``: L + 1 softswitch processes on loopback, W/L workers under
+each leaf, one controller driving them all); those rows carry ``topology: leafspine`` and
+``seconds_vs_single_switch``: their time over the same mode's through one switch at the same loss, with W
+workers there, or, for W above the 32 one switch holds (up to 1024 over 32 leaves), with 32 workers
+scaled per worker (times W / 32).
+
+``--per-process K`` runs K workers in each worker process (each an agent with its own socket, on its own
+thread; default 1 up to 32 workers, 8 beyond): 64 worker processes each with its own interpreter and copy
+of every input do not fit two cores. Gloo's row needs one process per worker, so it is left out when
+K > 1 (``speedup_vs_gloo`` is then null).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from tqdm import tqdm
 
 from benchmarks import figures
 from benchmarks.aggregate_gloo import worst
+from lhc_ina.constants import MAX_JOB_WORKERS, MAX_LEAVES, MAX_WORKERS
 
 MODES = ("dense", "sketch", "union", "auto")
 #: The rows every run has: the baselines of the speedups.
@@ -81,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="elements per bucket (default %(default)s)")
     parser.add_argument("--density", type=_densities, default=[0.01],
                         help="comma-separated nonzero fractions per worker (default 0.01)")
-    parser.add_argument("--workers", type=_bounded(2, 32), default=8, help="W (default %(default)s)")
+    parser.add_argument("--workers", type=_bounded(2, MAX_JOB_WORKERS), default=8,
+                        help="W (default %(default)s; above 32 with --topology leafspine only)")
     parser.add_argument("--modes", type=_modes, default=["dense", "sketch", "auto"],
                         help="comma-separated modes; dense is always run (default dense,sketch,auto)")
     parser.add_argument("--repeats", type=_bounded(1, 100), default=2,
@@ -103,29 +112,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", choices=("single", "leafspine"), default="single",
                         help="leafspine: also run every lhc mode over two leaves of W/2 workers and a spine "
                              "(rows gain seconds_vs_single_switch; default %(default)s)")
+    parser.add_argument("--leaves", type=_bounded(2, MAX_LEAVES), default=2,
+                        help="leaves of --topology leafspine, W/L workers under each (default %(default)s)")
+    parser.add_argument("--per-process", type=_bounded(0, 64), default=0, metavar="K",
+                        help="workers per worker process (default 0: 1 up to 32 workers, 8 beyond)")
     parser.add_argument("--controller", help="use this running controller instead of starting one")
     parser.add_argument("--json", action="store_true", help="JSON lines only (no progress bar)")
     parser.add_argument("--plot", type=Path, help="write speedup against density to this PNG")
 
 
+def per_process(args: argparse.Namespace) -> int:
+    """Workers per worker process (``--per-process``, or its default)."""
+    return args.per_process or (1 if args.workers <= MAX_WORKERS else 8)
+
+
+def single_workers(args: argparse.Namespace) -> int:
+    """Workers of the one-switch passes: W, or the 32 one switch holds."""
+    return min(args.workers, MAX_WORKERS)
+
+
+def _processes(workers: int, per: int, ips: list[str] | None) -> list[tuple[int, list[str]]]:
+    """(agents, its --ip arguments) per worker process: ``per`` agents each, a process's agents under one
+    leaf (``ips``: each worker's address, a fabric places a worker by its host's)."""
+    addresses = ips or [""] * workers
+    groups: dict[str, int] = {}
+    for ip in addresses:
+        groups[ip] = groups.get(ip, 0) + 1
+    out = []
+    for ip, count in groups.items():
+        for first in range(0, count, per):
+            out.append((min(per, count - first), ["--ip", ip] if ip else []))
+    return out
+
+
 def _run_pass(args: argparse.Namespace, controller: str, client: Any, density: float, index: int,
               scratch: Path, loss: float, modes: list[str] | None = None, engine: str | None = None,
               gloo: bool = True, burst: int = 1, ips: list[str] | None = None) -> list[dict]:
-    """One job of W workers through every mode at ``loss`` (in runs of ``burst``); the Gloo row too in a
-    lossless pass. ``ips``: each worker's address (a fabric places a worker by its host's)."""
-    job = f"bench-{index}-{density}-{loss}-{burst}-{engine}"
-    client.create_job(job, workers=args.workers)
+    """One job through every mode at ``loss`` (in runs of ``burst``): W workers over a fabric (``ips``:
+    each worker's address), else ``single_workers``; the Gloo row too in a lossless pass of one worker per
+    process."""
+    workers = len(ips) if ips else single_workers(args)
+    job = f"bench-{index}-{density}-{loss}-{burst}-{engine}-{workers}"
+    client.create_job(job, workers=workers)
     argv = [sys.executable, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job", job,
-            "--length", str(args.length), "--density", str(density), "--workers", str(args.workers),
+            "--length", str(args.length), "--density", str(density), "--workers", str(workers),
             "--modes", ",".join(modes or args.modes), "--repeats", str(args.repeats), "--seed", str(index),
             "--loss", str(loss), "--loss-burst", str(burst)]
     if engine or args.engine:
         argv += ["--engine", engine or args.engine]
-    if loss == 0 and gloo:
+    per = per_process(args)
+    if loss == 0 and gloo and per == 1:
         # Gloo's rendezvous through a file no other run uses: no port to pick; its data still goes over TCP
         argv += ["--gloo-init", (scratch / f"gloo-{index}").as_uri()]
-    procs = [subprocess.Popen(argv + (["--ip", ips[i]] if ips else []), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(args.workers)]
+    procs = [subprocess.Popen([*argv, "--agents", str(agents), *where], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for agents, where in _processes(workers, per, ips)]
     try:
         outputs = [proc.communicate(timeout=1800) for proc in procs]
     finally:
@@ -149,12 +190,12 @@ def _run_density(args: argparse.Namespace, controller: str, client: Any, density
                           0.0, None)
     if not args.loss:
         return lossless
-    gloo = next(row for row in lossless if row["mode"] == "gloo")
+    gloo_s = next((row["seconds"] for row in lossless if row["mode"] == "gloo"), None)
     clean = {row["mode"]: row["seconds"] for row in lossless}
     lossy = []
     for burst in sorted({1, args.loss_burst}):
         rows = _run_pass(args, controller, client, density, index, scratch, args.loss, burst=burst)
-        for row in _summarize(args, density, rows, args.loss, gloo["seconds"], burst=burst):
+        for row in _summarize(args, density, rows, args.loss, gloo_s, burst=burst):
             row["time_vs_lossless"] = row["seconds"] / clean[row["mode"]]
             lossy.append(row)
     return lossless + lossy
@@ -183,18 +224,22 @@ def _python_path_rows(args: argparse.Namespace, density: float, index: int, scra
 
 def _leafspine_rows(args: argparse.Namespace, fabric: Any, controller: Any, density: float, index: int,
                     scratch: Path, single: list[dict]) -> list[dict]:
-    """Every lhc mode over the leaf/spine fabric (W/2 workers under each leaf), at each loss of the
-    single-switch rows (and loss model), each row against the same mode's time through one switch."""
+    """Every lhc mode over the leaf/spine fabric (W/L workers under each leaf), at each loss of the
+    single-switch rows (and loss model), each row against the same mode's time through one switch, scaled
+    per worker where one switch ran fewer (``single_workers``)."""
     ips = [fabric.host_ips[rank * len(fabric.host_ips) // args.workers] for rank in range(args.workers)]
+    per_worker = args.workers / single_workers(args)
     rows = []
     for loss, burst in sorted({(row["loss"], row["loss_burst"]) for row in single}):
         baseline = {row["mode"]: row for row in single if (row["loss"], row["loss_burst"]) == (loss, burst)}
         passed = _run_pass(args, controller.listen, controller.client, density, index, scratch, loss,
                            gloo=False, burst=burst, ips=ips)
-        gloo_s = next(r["seconds"] for r in single if r["mode"] == "gloo")  # the lossless pass's
+        gloo_s = next((r["seconds"] for r in single if r["mode"] == "gloo"), None)  # the lossless pass's
         for row in _summarize(args, density, passed, loss, gloo_s, burst=burst):
-            row.update(topology="leafspine",
-                       seconds_vs_single_switch=row["seconds"] / baseline[row["mode"]]["seconds"])
+            single_s = baseline[row["mode"]]["seconds"]
+            row.update(topology="leafspine", leaves=len(fabric.host_ips),
+                       single_switch_workers=single_workers(args),
+                       seconds_vs_single_switch=row["seconds"] / (single_s * per_worker))
             rows.append(row)
     return rows
 
@@ -220,7 +265,7 @@ def _summarize(args: argparse.Namespace, density: float, rows: list[dict], loss:
         by_mode.setdefault(row["mode"], []).append(row)
     if dense_s is None:
         dense_s = max(r["seconds"] for r in by_mode["dense"])
-    if gloo_s is None:
+    if gloo_s is None and "gloo" in by_mode:
         gloo_s = max(r["seconds"] for r in by_mode["gloo"])
     results = []
     for mode in [m for m in [*args.modes, "gloo"] if m in by_mode]:
@@ -228,10 +273,11 @@ def _summarize(args: argparse.Namespace, density: float, rows: list[dict], loss:
         seconds = max(r["seconds"] for r in ranks)
         results.append({
             "mode": mode, "chosen": sorted({r["chosen"] for r in ranks}), "length": args.length,
-            "density": density, "workers": args.workers, "seconds": seconds,
+            "density": density, "workers": len(ranks), "per_process": per_process(args), "seconds": seconds,
             "elements_per_s": args.length / seconds, "dense_elements_per_s": args.length / dense_s,
-            "gloo_elements_per_s": args.length / gloo_s,
-            "speedup_vs_dense": dense_s / seconds, "speedup_vs_gloo": gloo_s / seconds,
+            "gloo_elements_per_s": None if gloo_s is None else args.length / gloo_s,
+            "speedup_vs_dense": dense_s / seconds,
+            "speedup_vs_gloo": None if gloo_s is None else gloo_s / seconds,
             "bytes_per_worker": _largest(ranks, "bytes_per_worker"),
             "retransmissions": _summed(ranks, "retransmissions"),
             "fast_retransmissions": _summed(ranks, "fast_retransmissions"),
@@ -261,7 +307,10 @@ def _plot(results: list[dict], path: Path) -> None:
     clean = [r for r in results if r["loss"] == 0 and r["mode"] in colors]
     for axes, baseline in zip(panels, BASELINES, strict=True):
         for mode in sorted({r["mode"] for r in clean} - {baseline}):
-            points = sorted((r["density"], r[f"speedup_vs_{baseline}"]) for r in clean if r["mode"] == mode)
+            points = sorted((r["density"], r[f"speedup_vs_{baseline}"]) for r in clean
+                            if r["mode"] == mode and r[f"speedup_vs_{baseline}"] is not None)
+            if not points:  # no Gloo row in this run (several workers per process)
+                continue
             style = "--" if mode in BASELINES else "-"  # the other baseline
             axes.plot(*zip(*points, strict=True), marker="o", linestyle=style, color=colors[mode], label=mode)
         axes.axhline(1.0, color=colors[baseline], linestyle=":", label=baseline)
@@ -273,9 +322,28 @@ def _plot(results: list[dict], path: Path) -> None:
     figures.save(figure, path, legends=panels)
 
 
+def _check(args: argparse.Namespace) -> str | None:
+    """What in ``args`` no run can do, or None."""
+    if args.workers > MAX_WORKERS and args.topology != "leafspine":
+        return (f"--workers {args.workers}: one switch holds {MAX_WORKERS} workers of a job (one bitmap bit "
+                "each); more need --topology leafspine")
+    if args.topology == "leafspine" and -(-args.workers // args.leaves) > MAX_WORKERS:
+        return f"--workers {args.workers} over --leaves {args.leaves}: a leaf holds {MAX_WORKERS} workers"
+    if args.topology == "leafspine" and args.workers < args.leaves:
+        return f"--workers {args.workers} cannot fill --leaves {args.leaves}"
+    if args.python_path and per_process(args) != 1:
+        return "--python-path compares against Gloo's row: it needs one worker per process"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from lhc_ina.jobservice.client import JobClient
     from lhc_launch.processes import ControllerProcess, FabricProcesses, SoftswitchProcess
+
+    problem = _check(args)
+    if problem:
+        print(f"lhc-bench aggregate: {problem}", file=sys.stderr)
+        return 2
 
     results: list[dict] = []
     fabric = fabric_controller = None
@@ -290,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="lhc-bench-gloo-")))
         if args.topology == "leafspine":
             fabric_state = scratch / "fabric"
-            fabric = stack.enter_context(FabricProcesses(2, fabric_state))
+            fabric = stack.enter_context(FabricProcesses(args.leaves, fabric_state))
             fabric_controller = stack.enter_context(ControllerProcess(fabric, fabric_state))
             fabric_controller.wait_for_switch()
         for index, density in enumerate(tqdm(args.density, desc="densities", disable=args.json)):

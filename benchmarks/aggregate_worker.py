@@ -2,7 +2,12 @@
 
     python -m benchmarks.aggregate_worker --controller ADDR --job NAME --length N --density D
         --workers W --modes dense,sketch --repeats R --seed S [--loss P] [--loss-burst B] [--engine E]
-        [--gloo-init URL]
+        [--gloo-init URL] [--agents K]
+
+With ``--agents K`` the process runs K workers of the job, each an agent with its own socket, joined on
+its own thread: how a run of 64 or more workers fits two cores (one interpreter and one copy of the
+inputs per K workers instead of per worker). They share the interpreter's lock, so their times include
+waiting for each other.
 
 Every worker derives every worker's input from the seed, so each one checks its own results exactly
 against the plain sum of the quantized inputs. Each timed call starts after a one-word aggregation that
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
 
 import torch
@@ -42,6 +48,44 @@ def expected(inputs: list[torch.Tensor], scale: int | None) -> torch.Tensor:
     return dequantize(total.to(torch.int32), scale, torch.float32)
 
 
+def run_agent(args: argparse.Namespace, everyone: list[torch.Tensor]) -> tuple[list[dict], int, torch.Tensor]:
+    """One worker: join, aggregate in every mode, and the JSON rows, its rank and its bucket."""
+    impairment = Impairment(loss=args.loss, duplicate=0.0, burst=args.loss_burst)
+    rows = []
+    with Agent.join(args.controller, args.job, impairment=impairment, timeout_s=120.0, ip=args.ip,
+                    host=args.host, engine=args.engine) as agent:
+        mine = everyone[agent.rank]
+        line_up = torch.zeros(1, dtype=torch.int32)
+        for mode in args.modes.split(","):
+            agent.allreduce(mine, mode=mode, key=mode)  # steady-state sizes and scale for this mode
+            times, exact, errors, result = [], True, [], None
+            before = agent.backend.counters()
+            for _ in range(args.repeats):
+                agent.allreduce(line_up, mode="dense", key="line-up")
+                started = time.perf_counter()
+                result = agent.allreduce(mine, mode=mode, key=mode)
+                times.append(time.perf_counter() - started)
+                reference = expected(everyone, result.stats["codec"]["scale"])
+                exact &= torch.equal(result.total, reference)
+                errors.append((result.total - reference).abs().max().item())
+            stats = result.stats
+            counted = {name: value - before.get(name, 0) for name, value in agent.backend.counters().items()}
+            rows.append({
+                "mode": mode, "chosen": stats["mode"], "rank": agent.rank, "seconds": min(times),
+                # lossless: the result must equal the sum of the quantized inputs bit for bit
+                "reference": "quantized integer sum", "exact": exact, "max_error": worst(errors),
+                "tolerance": 0.0, "bytes_per_worker": stats["bytes_sent"], "packets": stats["packets"],
+                "retransmissions": counted["retransmissions"],
+                "fast_retransmissions": counted["fast_retransmissions"],
+                "timer_retransmissions": counted["timer_retransmissions"],
+                "tail_probes": counted["tail_probes"],
+                "rtt_s": agent.backend.stream.rtt.srtt, "rto_s": agent.backend.stream.rtt.rto,
+                "dropped": counted["dropped_out"] + counted["dropped_in"],
+                "encode_s": stats["encode_s"], "network_s": stats["network_s"], "decode_s": stats["decode_s"],
+            })
+        return rows, agent.rank, mine
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.aggregate_worker")
     parser.add_argument("--controller", required=True)
@@ -58,43 +102,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="", help="join as this topology host")
     parser.add_argument("--engine", choices=("native", "python"), help="the agents' packet engine")
     parser.add_argument("--gloo-init", help="also allreduce with Gloo, rendezvous at this init_method URL")
+    parser.add_argument("--agents", type=int, default=1, help="workers this process runs (default 1)")
     args = parser.parse_args(argv)
+    if args.agents < 1 or (args.gloo_init and args.agents != 1):
+        parser.error("--agents must be at least 1, and 1 with --gloo-init (Gloo's ranks are processes)")
     torch.set_num_threads(1)
-    impairment = Impairment(loss=args.loss, duplicate=0.0, burst=args.loss_burst)
-    with Agent.join(args.controller, args.job, impairment=impairment, timeout_s=120.0, ip=args.ip,
-                    host=args.host, engine=args.engine) as agent:
-        mine = bucket(agent.rank, args.length, args.density, args.seed)
-        everyone = [bucket(r, args.length, args.density, args.seed) for r in range(args.workers)]
-        line_up = torch.zeros(1, dtype=torch.int32)
-        for mode in args.modes.split(","):
-            agent.allreduce(mine, mode=mode, key=mode)  # steady-state sizes and scale for this mode
-            times, exact, errors, result = [], True, [], None
-            before = agent.backend.counters()
-            for _ in range(args.repeats):
-                agent.allreduce(line_up, mode="dense", key="line-up")
-                started = time.perf_counter()
-                result = agent.allreduce(mine, mode=mode, key=mode)
-                times.append(time.perf_counter() - started)
-                reference = expected(everyone, result.stats["codec"]["scale"])
-                exact &= torch.equal(result.total, reference)
-                errors.append((result.total - reference).abs().max().item())
-            stats = result.stats
-            counted = {name: value - before.get(name, 0) for name, value in agent.backend.counters().items()}
-            print(json.dumps({
-                "mode": mode, "chosen": stats["mode"], "rank": agent.rank, "seconds": min(times),
-                # lossless: the result must equal the sum of the quantized inputs bit for bit
-                "reference": "quantized integer sum", "exact": exact, "max_error": worst(errors),
-                "tolerance": 0.0, "bytes_per_worker": stats["bytes_sent"], "packets": stats["packets"],
-                "retransmissions": counted["retransmissions"],
-                "fast_retransmissions": counted["fast_retransmissions"],
-                "timer_retransmissions": counted["timer_retransmissions"],
-                "tail_probes": counted["tail_probes"],
-                "rtt_s": agent.backend.stream.rtt.srtt, "rto_s": agent.backend.stream.rtt.rto,
-                "dropped": counted["dropped_out"] + counted["dropped_in"],
-                "encode_s": stats["encode_s"], "network_s": stats["network_s"], "decode_s": stats["decode_s"],
-            }), flush=True)
-        rank = agent.rank
+    everyone = [bucket(r, args.length, args.density, args.seed) for r in range(args.workers)]
+    outcomes: dict[int, tuple[list[dict], int, torch.Tensor] | BaseException] = {}
+
+    def member(i: int) -> None:
+        try:
+            outcomes[i] = run_agent(args, everyone)
+        except BaseException as exc:  # reported below, after every agent finished
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(args.agents)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for outcome in outcomes.values():
+        if isinstance(outcome, BaseException):
+            raise outcome
+        for row in outcome[0]:
+            print(json.dumps(row), flush=True)
     if args.gloo_init:  # after the agent has left: its I/O thread no longer shares the cores
+        _, rank, mine = outcomes[0]
         print(json.dumps(gloo_row(mine, everyone, rank, args.gloo_init, args.repeats)), flush=True)
     return 0
 

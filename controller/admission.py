@@ -25,14 +25,23 @@ from lhc_ina.jobservice import errors
 DEFAULT_SLOTS = 64
 
 
-def check_job_request(name: str, workers: int, slots: int, lanes: int) -> tuple[int, int]:
-    """(slots, lanes) with defaults filled in; refuses what can never fit."""
+def check_job_request(name: str, workers: int, slots: int, lanes: int, topology: Topology | None = None
+                      ) -> tuple[int, int]:
+    """(slots, lanes) with defaults filled in; refuses what can never fit: more than ``MAX_WORKERS``
+    workers fit only a fabric, whose leaves hold up to ``MAX_WORKERS`` each (docs/switch.md, "Ranks per
+    level")."""
     if not name or len(name) > 64 or not name.isprintable() or name.isdigit():
         raise errors.invalid(f"job name {name!r}: 1..64 printable characters, not all digits")
-    if not 1 <= workers <= c.MAX_WORKERS:
+    if not 1 <= workers <= c.MAX_JOB_WORKERS:
         raise errors.invalid(
-            f"job {name!r}: {workers} workers; a job has 1..{c.MAX_WORKERS} "
-            f"(MAX_WORKERS, one bit each in the contributor bitmap)"
+            f"job {name!r}: {workers} workers; a job has 1..{c.MAX_JOB_WORKERS} (MAX_JOB_WORKERS: "
+            f"{c.MAX_WORKERS} per leaf under {c.MAX_LEAVES} leaves)"
+        )
+    if workers > c.MAX_WORKERS and (topology is None or not topology.fabric):
+        raise errors.invalid(
+            f"job {name!r}: {workers} workers on one switch; a switch holds 1..{c.MAX_WORKERS} of a job "
+            f"(MAX_WORKERS: one bit each in its 32-bit contributor bitmap). More workers need a leaf/spine "
+            "topology, whose leaves hold up to 32 each"
         )
     slots = slots or DEFAULT_SLOTS
     if slots > c.MAX_SLOTS:

@@ -20,6 +20,7 @@ from controller.liveness import Liveness
 from controller.records import JobRecord, JobState
 from controller.session import PROBE_TIMEOUT_S
 from controller.sessions import Sessions
+from controller.spans import wire_identity
 from controller.store import JobStore
 from controller.targets import Target
 from controller.topology import SINGLE, Topology
@@ -106,12 +107,14 @@ class JobService(pb_grpc.JobServiceServicer):
 
     def info(self, job: JobRecord, counters: bool = False) -> pb.JobInfo:
         installed = self.sessions.installed(job)
+        worker_ids, result_mask = wire_identity(job)
         message = pb.JobInfo(
             **{name: getattr(job, name) for name in _JOB_INFO_AS_STORED},
             state=pb.JobState.Value(job.state.value),
             mcast_group=job.mcast_grp,
             installed=installed,
             switches=self.sessions.switches_of(job) if len(job.members) == job.workers else [],
+            result_mask=result_mask,
         )
         for m in job.members:
             message.members.add(
@@ -121,6 +124,7 @@ class JobService(pb_grpc.JobServiceServicer):
                 address=pb.WorkerAddress(ip=m.ip, udp_port=m.udp_port, mac=m.mac, switch_port=m.switch_port),
                 last_heartbeat_age_s=self.liveness.age(job.job_id, m.rank),
                 switch=m.switch or SINGLE,
+                worker_id=worker_ids.get(m.rank, 0),
             )
         if counters:
             rows = self.sessions.counters(job)
@@ -137,7 +141,7 @@ class JobService(pb_grpc.JobServiceServicer):
         auth.require_operator(caller, "creating a job")
         self._require_primary()
         slots, lanes = admission.check_job_request(
-            request.name, request.workers, request.slots, request.lanes
+            request.name, request.workers, request.slots, request.lanes, self.topology
         )
         secret, digest = auth.mint()
         job = self.store.create_job(

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 from controller.records import JobRecord, MemberRecord
 from controller.topology import SINGLE, Topology
-from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_entries
+from lhc_ina import constants as c
+from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_entries, wire_ranks
 from lhc_ina.jobs import JobEntries, WorkerEndpoint, job_entries
 from lhc_ina.jobservice import errors
 
@@ -35,15 +36,39 @@ def job_switches(job: JobRecord, topology: Topology | None) -> list[str]:
     return leaves
 
 
+def wire_identity(job: JobRecord) -> tuple[dict[int, int], int]:
+    """Once every worker joined: each rank's wire ``worker_id`` (its rank within its switch) and the bitmap
+    of the job's results (docs/switch.md, "Ranks per level"); ({}, 0) while the job still fills. The
+    leaves are numbered as ``fabric_job`` numbers them (first-rank order), so the spine's bits agree."""
+    if len(job.members) != job.workers:
+        return {}, 0
+    switches = member_switches(job.members)
+    by_switch = [[m.rank for m in job.members if (m.switch or SINGLE) == s] for s in switches]
+    ids = {rank: local for rank, (_, local) in wire_ranks(by_switch).items()}
+    bits = len(switches) if len(switches) > 1 else job.workers
+    return ids, (1 << bits) - 1
+
+
 def check_reach(name: str, members: Sequence[MemberRecord], topology: Topology | None) -> None:
-    """Refuse a job whose workers the topology cannot join into one aggregation: workers under several
-    leaves need a spine, and every one of those leaves a link to it."""
+    """Refuse a job whose workers the topology cannot join into one aggregation: at most ``MAX_WORKERS``
+    under one switch, workers under several leaves need a spine, at most ``MAX_LEAVES`` leaves, and every
+    one of those leaves a link to it."""
     leaves = member_switches(members)
+    crowded = {leaf: n for leaf in leaves if (n := sum((m.switch or SINGLE) == leaf for m in members))
+               > c.MAX_WORKERS}
+    if crowded:
+        raise errors.invalid(
+            f"job {name!r}: {crowded} workers under one switch; a switch holds 1..{c.MAX_WORKERS} of a job "
+            "(one bit each in its 32-bit contributor bitmap)"
+        )
     if len(leaves) <= 1:
         return
     if topology is None or topology.spine is None:
         raise errors.invalid(f"job {name!r}: its workers sit under switches {leaves}, and the topology has "
                              "no spine to aggregate them")
+    if len(leaves) > c.MAX_LEAVES:
+        raise errors.invalid(f"job {name!r}: its workers sit under {len(leaves)} leaves; a job spans 1.."
+                             f"{c.MAX_LEAVES} (one bit each in the spine's 32-bit bitmap)")
     unlinked = [leaf for leaf in leaves if leaf not in topology.links]
     if unlinked:
         raise errors.invalid(

@@ -368,7 +368,7 @@ class Agent:
 
     def _agree_link(self) -> None:
         """Average the workers' link measurements over the network, so that all choose alike."""
-        words = link_words(self.rank, self.backend.link_estimate())
+        words = link_words(self.backend.link_estimate())
         summed = self._wait(self.backend.reduce(Op.ADD, words), "the link agreement")
         self._link = agreed_link(summed, self.world_size) or self._link
 

@@ -21,7 +21,7 @@ from host_agent.codec import CodecState
 from host_agent.codec.index import choose_index, expected_false_positives
 from host_agent.codec.items import item_count
 from host_agent.codec.sketch import DEFAULT_MARGIN, sketch_cells
-from lhc_ina.constants import LANES, MAX_WORKERS
+from lhc_ina.constants import LANES, MAX_JOB_WORKERS
 
 #: Until the workers have measured their link: a loopback softswitch's order of magnitude.
 DEFAULT_LINK = LinkEstimate(rtt_s=2e-3, bytes_per_s=5e6)
@@ -75,20 +75,36 @@ def choose_mode(n: int, world_size: int, block: int, state: CodecState | None,
     return ModeChoice(mode, reason, estimates)
 
 
-def link_words(rank: int, link: LinkEstimate | None) -> torch.Tensor:
-    """This worker's lanes of the link agreement: its RTT (µs) at ``rank``, its rate (kB/s) at
-    ``MAX_WORKERS + rank``; zeros where it has measured nothing yet."""
+#: Lanes of the link agreement (ADD): how many workers measured, then the sums of their RTTs (µs) and rates
+#: (kB/s), each split into its low 16 bits and the rest so that no sum of MAX_JOB_WORKERS of them carries
+#: out of 32 bits (each value is capped at 2^26: the high parts sum to at most 1024 * 2^10).
+_MEASURED, _RTT_LOW, _RTT_HIGH, _RATE_LOW, _RATE_HIGH = range(5)
+_LINK_CAP = 2**26
+assert MAX_JOB_WORKERS * (_LINK_CAP >> 16) < 2**31 and MAX_JOB_WORKERS * 0xFFFF < 2**31
+
+
+def link_words(link: LinkEstimate | None) -> torch.Tensor:
+    """This worker's lanes of the link agreement: a count of 1 and its RTT (µs) and rate (kB/s) in sums
+    that any number of workers up to MAX_JOB_WORKERS share (no lane per rank); zeros where it has
+    measured nothing yet."""
     words = torch.zeros(LANES, dtype=torch.int32)
     if link is not None:
-        words[rank] = min(int(link.rtt_s * 1e6) + 1, 2**26)
-        words[MAX_WORKERS + rank] = min(int(link.bytes_per_s / 1e3) + 1, 2**26)
+        rtt = min(int(link.rtt_s * 1e6) + 1, _LINK_CAP)
+        rate = min(int(link.bytes_per_s / 1e3) + 1, _LINK_CAP)
+        values = {_MEASURED: 1, _RTT_LOW: rtt & 0xFFFF, _RTT_HIGH: rtt >> 16, _RATE_LOW: rate & 0xFFFF,
+                  _RATE_HIGH: rate >> 16}
+        for lane, value in values.items():
+            words[lane] = value
     return words
 
 
 def agreed_link(words: torch.Tensor, world_size: int) -> LinkEstimate | None:
-    """The workers' mean link estimate from the summed lanes of :func:`link_words`."""
-    rtts = [int(v) for v in words[:world_size] if v > 0]
-    rates = [int(v) for v in words[MAX_WORKERS : MAX_WORKERS + world_size] if v > 0]
-    if not rtts or not rates:
+    """The mean link estimate of the workers that measured one, from the summed lanes of
+    :func:`link_words`; None if none did (``world_size`` bounds the count: more is a corrupt sum)."""
+    sums = [int(v) for v in words[:5]]
+    measured = sums[_MEASURED]
+    if not 0 < measured <= world_size:
         return None
-    return LinkEstimate(sum(rtts) / len(rtts) / 1e6, sum(rates) / len(rates) * 1e3)
+    rtt_us = sums[_RTT_LOW] + (sums[_RTT_HIGH] << 16)
+    rate_kb = sums[_RATE_LOW] + (sums[_RATE_HIGH] << 16)
+    return LinkEstimate(rtt_us / measured / 1e6, rate_kb / measured * 1e3)

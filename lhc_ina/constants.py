@@ -26,8 +26,15 @@ LANE_BYTES = 4
 PAYLOAD_BYTES = LANES * LANE_BYTES
 
 # --- Limits ----------------------------------------------------------------------------------------
-#: A job's workers are ranks 0..MAX_WORKERS-1; each owns one bit of the 32-bit contributor bitmap.
+#: A switch's members of one job are ranks 0..MAX_WORKERS-1, each owning one bit of the 32-bit contributor
+#: bitmap: a one-switch job's workers, a leaf's own workers (its wire ``worker_id`` is the rank within its
+#: leaf), a spine's leaves (docs/switch.md, "Ranks per level").
 MAX_WORKERS = 32
+#: Leaves one two-level job spans at most: the spine's members, one bitmap bit each.
+MAX_LEAVES = 32
+#: Workers of one job at most (job-global ranks 0..MAX_JOB_WORKERS-1, what the codec and torch see):
+#: MAX_WORKERS per leaf under MAX_LEAVES leaves. One switch holds MAX_WORKERS of them.
+MAX_JOB_WORKERS = MAX_WORKERS * MAX_LEAVES
 #: Aggregator slots in the switch (each has two shadow copies, so registers hold 2 * MAX_SLOTS cells).
 MAX_SLOTS = 4096
 SLOT_COPIES = 2

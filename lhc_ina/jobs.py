@@ -8,8 +8,10 @@ the broken invariant, and describes the entries by P4Info names so that each cal
 own messages.
 
 A job may span two levels of switches (docs/switch.md, "Two levels: leaf and spine"): a leaf's layout has an
-:class:`Uplink` to its parent, and the parent's layout has one member per leaf that stands for the leaf's
-workers (:attr:`WorkerEndpoint.stands_for`). ``lhc_ina.fabric`` builds both from one description of the job.
+:class:`Uplink` to its parent, and the parent's layout has one member per leaf (:attr:`WorkerEndpoint.leaf`).
+Ranks are per level (docs/switch.md, "Ranks per level"): every layout's members are ranks 0..n-1 with one
+bitmap bit each, a leaf's workers by their rank within the leaf, a spine's leaves by their index.
+``lhc_ina.fabric`` builds both from one description of the job.
 """
 
 from __future__ import annotations
@@ -53,22 +55,23 @@ class InvalidJob(ValueError):
 
 @dataclass(frozen=True)
 class WorkerEndpoint:
-    """Where one member of a job lives on the data plane: a worker, or at a spine a leaf switch.
+    """Where one member of a job lives on the data plane: a worker, or at a spine a leaf switch (``leaf``).
 
-    ``stands_for`` is 0 for a worker (its bit is ``1 << rank``). A leaf as a member of its parent's job
-    stands for its workers: the mask of their global ranks, which becomes its ``worker_bit`` at the
-    parent, so that the parent's bitmap holds every worker's bit; its ``rank`` is the lowest of them."""
+    ``rank`` is the member's rank on this switch, its wire ``worker_id``, and its bit is ``1 << rank``: a
+    worker's rank within its leaf (its job rank on a one-switch job), a leaf's index among the job's
+    leaves at the spine. A leaf sends up only complete partials, so its one bit stands for all its
+    workers."""
 
     rank: int
     ip: str
     udp_port: int
     mac: str
     switch_port: int
-    stands_for: int = 0
+    leaf: bool = False
 
     @property
     def bit(self) -> int:
-        return self.stands_for or 1 << self.rank
+        return 1 << self.rank
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,8 @@ class Uplink:
     partial it sends up (DATA from ``src_*`` to ``dst_*``). The parent's results come back from the
     ``dst_*`` address on that port and are accepted from nowhere else. ``src_addr``/``src_port`` (and
     ``src_mac``) must be the address the leaf's workers send to: the leaf's results to them are sourced
-    from where the parent's result was addressed. ``worker_id`` is the leaf's rank at the parent."""
+    from where the parent's result was addressed. ``worker_id`` is the leaf's rank at the parent (its
+    index among the job's leaves)."""
 
     port: int
     worker_id: int
@@ -95,8 +99,9 @@ class JobLayout:
 
     ``fan_in`` defaults to the number of workers; a smaller value (tests only) completes a round with the
     first ``fan_in`` distinct contributors. ``uplink`` makes the switch a leaf of a two-level job, and
-    ``result_mask`` is then the bitmap of its parent's results (every worker of the job; ``lhc_ina.fabric``
-    sets it): TNA tells a final copy by it. 0 means the members' own mask.
+    ``result_mask`` is then the bitmap of its parent's results (the mask of the job's leaves;
+    ``lhc_ina.fabric`` sets it): TNA tells a final copy by it, and workers check results against it.
+    0 means the members' own mask.
     """
 
     job_id: int
@@ -179,7 +184,7 @@ def _check_worker(job: JobLayout, worker: WorkerEndpoint) -> None:
     _require(bool(_MAC.match(worker.mac)), job, f"{who}: {worker.mac!r} is not a MAC address (aa:bb:..)")
     _require(0 < worker.udp_port < 1 << 16, job, f"{who}: UDP port {worker.udp_port} is outside 1..65535")
     in_range = worker.udp_port & c.UDP_PORT_MASK == c.UDP_PORT_BASE
-    if worker.stands_for:
+    if worker.leaf:
         _require(
             in_range, job,
             f"{who} (a leaf): UDP port {worker.udp_port} is outside the lhc range; the leaf would not parse "
@@ -226,8 +231,14 @@ def validate(job: JobLayout, *, target: Target = "v1model", stamped_epochs: Coll
         "multicast: results would leave by port 0)",
     )
     count = len(job.workers)
-    _require(0 < count <= c.MAX_WORKERS, job, f"{count} workers; a job has 1..{c.MAX_WORKERS}")
-    _check_ranks(job)
+    _require(
+        0 < count <= c.MAX_WORKERS, job,
+        f"{count} members on one switch; a switch holds 1..{c.MAX_WORKERS} of a job (one bit each in the "
+        f"32-bit contributor bitmap; up to {c.MAX_JOB_WORKERS} workers span {c.MAX_LEAVES} leaves and a "
+        "spine)",
+    )
+    ranks = sorted(w.rank for w in job.workers)
+    _require(ranks == list(range(count)), job, f"ranks must be 0..{count - 1} once each, got {ranks}")
     _require(
         0 < job.world_size <= count, job,
         f"fan-in {job.world_size} must be in 1..{count} (0 never completes a round)",
@@ -235,9 +246,10 @@ def validate(job: JobLayout, *, target: Target = "v1model", stamped_epochs: Coll
     if job.uplink is not None:
         _check_uplink(job, job.uplink)
     _require(
-        job.result_mask == 0 or (job.uplink is not None and job.result_mask & job.full_mask == job.full_mask
-                                 and 0 < job.result_mask < 1 << c.MAX_WORKERS),
-        job, f"result mask {job.result_mask:#x} must be a leaf's, holding its workers {job.full_mask:#x}",
+        job.result_mask == 0 or (job.uplink is not None and 0 < job.result_mask < 1 << c.MAX_LEAVES
+                                 and job.result_mask >> job.uplink.worker_id & 1),
+        job, f"result mask {job.result_mask:#x} must be a leaf's parent's mask of leaves, holding the leaf's "
+             "own bit",
     )
     seen: dict[tuple[str, int], int] = {}
     for worker in job.workers:
@@ -259,53 +271,21 @@ def validate(job: JobLayout, *, target: Target = "v1model", stamped_epochs: Coll
         raise ValueError(f"unknown target {target!r}: v1model or tna")
 
 
-def _check_ranks(job: JobLayout) -> None:
-    """Each member's bits (a worker's own, a leaf's workers') are disjoint and its rank is the lowest of
-    them, so a bit is never 0 and never shared; without an uplink they cover ranks 0..W-1 (a leaf's
-    workers are a part of its job's ranks: ``lhc_ina.fabric`` checks that the leaves cover them)."""
-    count = len(job.workers)
-    ranks = sorted(w.rank for w in job.workers)
-    if job.uplink is None and not any(w.stands_for for w in job.workers):
-        _require(ranks == list(range(count)), job, f"ranks must be 0..{count - 1} once each, got {ranks}")
-        return
-    _require(
-        len(set(ranks)) == count and all(0 <= r < c.MAX_WORKERS for r in ranks), job,
-        f"ranks must be distinct and below {c.MAX_WORKERS}, got {ranks}",
-    )
-    covered = 0
-    for member in job.workers:
-        bits = member.bit
-        _require(
-            0 < bits < 1 << c.MAX_WORKERS and bits & -bits == 1 << member.rank, job,
-            f"rank {member.rank} stands for {bits:#x}: the mask must hold ranks below {c.MAX_WORKERS}, the "
-            "lowest of them its own",
-        )
-        _require(covered & bits == 0, job, f"rank {member.rank} stands for workers another member has")
-        covered |= bits
-    if job.uplink is None:
-        workers = covered.bit_count()
-        _require(
-            covered == (1 << workers) - 1, job,
-            f"the members stand for the workers {covered:#x}, not ranks 0..{workers - 1} once each",
-        )
-
-
 def _check_uplink(job: JobLayout, up: Uplink) -> None:
     """A leaf: every worker counts (the partial it sends up must hold them all), and its way up is a port
     and two lhc addresses (the parent parses the partial, and the leaf parses the results)."""
-    lowest = min(w.rank for w in job.workers)
     _require(
         job.world_size == len(job.workers), job,
         f"fan-in {job.world_size} must equal the {len(job.workers)} workers of a leaf (its partial stands "
         "for all of them at the parent)",
     )
     _require(
-        all(not w.stands_for for w in job.workers), job,
+        all(not w.leaf for w in job.workers), job,
         "a leaf's members are workers (three levels are not built)",
     )
     _require(
-        up.worker_id == lowest, job,
-        f"uplink worker id {up.worker_id} must be the leaf's lowest rank {lowest} (its rank at the parent)",
+        0 <= up.worker_id < c.MAX_LEAVES, job,
+        f"uplink worker id {up.worker_id} (the leaf's index at its parent) must be below {c.MAX_LEAVES}",
     )
     _require(0 <= up.port < DROP_PORT, job, f"uplink port {up.port} is outside 0..{DROP_PORT - 1}")
     for name in ("src_addr", "dst_addr"):
@@ -334,8 +314,9 @@ def _check_tna(job: JobLayout) -> None:
     if job.uplink is not None:
         _require(
             job.results_bitmap != job.full_mask, job,
-            f"the leaf's workers {job.full_mask:#x} are the whole job's (result mask "
-            f"{job.results_bitmap:#x}): a one-leaf job cannot run on Tofino, give the job to one switch",
+            f"the leaf's workers' mask {job.full_mask:#x} equals its parent's mask of leaves "
+            f"{job.results_bitmap:#x}: Tofino tells a copy awaiting its parent from a final one by the "
+            "bitmap, so a leaf must not hold as many workers as the job has leaves there",
         )
     _require(
         job.world_size == len(job.workers), job,

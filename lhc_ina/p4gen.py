@@ -33,6 +33,7 @@ def _defines() -> list[tuple[str, int]]:
     return [
         ("LHC_LANES", c.LANES),
         ("LHC_MAX_WORKERS", c.MAX_WORKERS),
+        ("LHC_MAX_LEAVES", c.MAX_LEAVES),
         ("LHC_MAX_SLOTS", c.MAX_SLOTS),
         ("LHC_SLOT_COPIES", c.SLOT_COPIES),
         ("LHC_SLOT_CELLS", c.MAX_SLOTS * c.SLOT_COPIES),

@@ -4,8 +4,9 @@ share of the same kind of fabric job, built by ``lhc_ina.fabric``.
 
 Leaf: when its last worker is in, one DATA packet (the partial) goes up; a worker's repeat while the copy
 awaits the spine sends it up again; the spine's RESULT or RESULT_RETX is stored and multicast to the
-workers only when it comes from the parent for the round the copy awaits. Spine: the leaves are members
-that stand for their workers, so the result's bitmap is every worker's.
+workers only when it comes from the parent for the round the copy awaits. Spine: each leaf is one member
+with one bit (its index), and a leaf sends up only complete partials, so the result's bitmap, every leaf's
+bit, stands for every worker (docs/switch.md, "Ranks per level").
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from ptf_tests.frames import Worker
 LEAF_ROW, SPINE_ROW = 24, 25  # job indexes (counter rows)
 SPINE_MAC, SPINE_IP, SPINE_UDP = "02:00:00:00:0f:01", "10.254.0.1", c.UDP_PORT_BASE + 7
 LEAF_IPS, LEAF_UDP = ("10.201.0.254", "10.202.0.254"), c.UDP_PORT_BASE + 1
-FULL = 0b11111  # five workers: ranks 0 and 1 under leaf 0, ranks 2, 3, 4 under leaf 1
+FULL = 0b11  # two leaves: job ranks 0 and 1 under leaf 0, job ranks 2, 3, 4 under leaf 1 (its 0, 1, 2)
+LEAF_MASKS = (0b11, 0b111)  # each leaf's bitmap of its own workers, by their rank within it
 SLOTS = 2
 
 
@@ -31,8 +33,9 @@ def lanes(value: int) -> list[int]:
 
 def fabric_job(job_id: int, ports: list[int], switch: str) -> tuple[JobLayout, FabricJob]:
     """A job of five workers over two leaves and a spine; ``switch`` is the one under test. As a leaf
-    (leaf 1) the switch's workers are ranks 2..4 on the first ports and its uplink the last port, the
-    spine behind it at SPINE_*; as the spine its leaves are behind the first two ports."""
+    (leaf 1) the switch's workers are job ranks 2..4 (its ranks 0..2) on the first ports and its uplink
+    the last port, the spine behind it at SPINE_*; as the spine its leaves are behind the first two
+    ports."""
     epoch = next_epoch()
     leaves = []
     for index, ranks in enumerate(((0, 1), (2, 3, 4))):
@@ -58,7 +61,7 @@ def fabric_job(job_id: int, ports: list[int], switch: str) -> tuple[JobLayout, F
 
 
 class _LeafTest(LhcTest):
-    """The switch is leaf 1 of a five-worker job: its workers are ranks 2, 3, 4."""
+    """The switch is leaf 1 of a five-worker job: its workers are job ranks 2, 3, 4, its ranks 0, 1, 2."""
 
     def leaf(self, job_id: int) -> None:
         self.layout, _ = fabric_job(job_id, self.ports, "leaf")
@@ -81,8 +84,9 @@ class _LeafTest(LhcTest):
         return self.data(self.workers[-1], values[-1], p)
 
     def partial(self, last: LhcHeader, value: int) -> bytes:
-        """The leaf's partial for the round ``last`` finished: DATA to the spine, the leaf's bits."""
-        header = last.replace(worker_id=2, bitmap=0b11100)
+        """The leaf's partial for the round ``last`` finished: DATA to the spine under the leaf's index, its
+        workers' bits."""
+        header = last.replace(worker_id=1, bitmap=LEAF_MASKS[1])
         return bytes(frames.lhc_frame(header, lanes(value), eth_src=frames.SWITCH_MAC, eth_dst=SPINE_MAC,
                                       ip_src=frames.SWITCH_IP, ip_dst=SPINE_IP, sport=c.UDP_PORT_BASE,
                                       dport=SPINE_UDP))
@@ -115,8 +119,9 @@ class LeafSendsOnePartialUp(_LeafTest):
 
 
 class LeafDeliversTheSpinesResult(_LeafTest):
-    """The spine's RESULT goes to every worker with the spine's values and the job's full mask; a worker's
-    repeat then gets RESULT_RETX from the stored result; the next round starts on the copy."""
+    """The spine's RESULT goes to every worker with the spine's values and the job's result mask (every
+    leaf's bit); a worker's repeat then gets RESULT_RETX from the stored result; the next round starts on
+    the copy."""
 
     def runTest(self) -> None:
         self.leaf(0xA01)
@@ -193,7 +198,8 @@ class LeafTakesResultsOnlyFromItsParentForTheAwaitedRound(_LeafTest):
 
 
 class _SpineTest(LhcTest):
-    """The switch is the spine: leaf 0 (ranks 0, 1) and leaf 1 (ranks 2, 3, 4) behind the first two ports."""
+    """The switch is the spine: leaf 0 (job ranks 0, 1) and leaf 1 (job ranks 2, 3, 4) behind the first two
+    ports, its members 0 and 1."""
 
     def spine(self, job_id: int) -> None:
         self.layout, _ = fabric_job(job_id, self.ports, "spine")
@@ -203,7 +209,7 @@ class _SpineTest(LhcTest):
     def partial(self, index: int, value: int, p: int, **fields: int) -> LhcHeader:
         leaf = self.leaves[index]
         values = {"msg_type": c.MsgType.DATA, "worker_id": leaf.rank, "job_id": self.layout.job_id,
-                  "epoch": self.layout.epoch, "bitmap": leaf.stands_for, **stream_position(p, SLOTS)}
+                  "epoch": self.layout.epoch, "bitmap": LEAF_MASKS[index], **stream_position(p, SLOTS)}
         header = LhcHeader(**{**values, **fields})
         self.send(leaf.switch_port, frames.lhc_frame(
             header, lanes(value), eth_src=leaf.mac, eth_dst=frames.SWITCH_MAC, ip_src=leaf.ip,
@@ -219,8 +225,8 @@ class _SpineTest(LhcTest):
 
 
 class SpineAggregatesItsLeaves(_SpineTest):
-    """Each leaf is one member standing for its workers: the spine adds the two partials and sends the
-    RESULT to each leaf's lhc address, with every worker's bit in the bitmap."""
+    """Each leaf is one member with one bit: the spine adds the two partials and sends the RESULT to each
+    leaf's lhc address, with every leaf's bit in the bitmap."""
 
     def runTest(self) -> None:
         self.spine(0xB00)

@@ -10,8 +10,10 @@ from host_agent.agent import Agent
 from host_agent.agent_backend import LinkEstimate
 from host_agent.auto import agreed_link, choose_mode, link_words
 from host_agent.codec import BucketShape, CodecState
+from host_agent.codec.arith import add_int32
 from host_agent.errors import AggregationError
 from host_agent.torch_hook import LhcHookState, _sparsify
+from lhc_ina.constants import MAX_JOB_WORKERS
 from tests.harness.agents import run_local
 
 
@@ -43,10 +45,16 @@ def test_topk_keeps_what_it_does_not_send() -> None:
 
 
 def test_mode_auto_agrees_on_the_link_and_prices_modes() -> None:
-    words = link_words(0, LinkEstimate(1e-3, 1e7)) + link_words(1, LinkEstimate(3e-3, 3e7))
-    link = agreed_link(words, 2)
+    words = link_words(LinkEstimate(1e-3, 1e7)) + link_words(LinkEstimate(3e-3, 3e7)) + link_words(None)
+    link = agreed_link(words, 3)  # the mean of the two that measured
     assert link is not None
     assert abs(link.rtt_s - 2e-3) < 1e-5 and abs(link.bytes_per_s - 2e7) < 1e4
+    # 1024 workers, each at the cap of both figures: the sums stay exact in int32 lanes (no carry lost)
+    capped = link_words(LinkEstimate(1e3, 1e12))
+    summed = add_int32([capped] * MAX_JOB_WORKERS)
+    top = agreed_link(summed, MAX_JOB_WORKERS)
+    assert top is not None and top.rtt_s == 2**26 / 1e6 and top.bytes_per_s == 2**26 * 1e3
+    assert agreed_link(link_words(None), 1) is None
     shape = BucketShape(1_000_000, "float32", 1)
     sparse = CodecState(1, items=100, exponent=None, shape=shape)
     dense = CodecState(1, items=900_000, exponent=None, shape=shape)

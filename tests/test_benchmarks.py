@@ -164,7 +164,7 @@ def test_float_sum_check_allows_rounding_and_catches_a_wrong_sum() -> None:
 
 @pytest.mark.parametrize("error", [1e-6, math.nan])
 def test_aggregate_summary_fails_a_gloo_row_beyond_its_tolerance(error: float) -> None:
-    args = argparse.Namespace(modes=["dense"], length=100, workers=2, loss=0.0, engine=None)
+    args = argparse.Namespace(modes=["dense"], length=100, workers=2, loss=0.0, engine=None, per_process=0)
     switch = {"chosen": "dense", "seconds": 2.0, "bytes_per_worker": 500, "retransmissions": 0,
               "encode_s": 0.1, "network_s": 1.8, "decode_s": 0.1, "reference": "quantized integer sum",
               "exact": True, "max_error": 0.0, "tolerance": 0.0}
@@ -178,3 +178,19 @@ def test_aggregate_summary_fails_a_gloo_row_beyond_its_tolerance(error: float) -
     assert gloo_row["speedup_vs_dense"] == 4.0 and gloo_row["bytes_per_worker"] is None
     assert gloo_row["within_tolerance"] is False
     assert gloo_row["max_error"] == error or (math.isnan(error) and math.isnan(gloo_row["max_error"]))
+
+
+def test_aggregate_runs_jobs_past_one_switch_several_workers_per_process() -> None:
+    # 5 workers, 2 per process, a process's workers under one leaf (their addresses)
+    assert aggregate._processes(5, 2, ["a", "a", "a", "b", "b"]) == [
+        (2, ["--ip", "a"]), (1, ["--ip", "a"]), (2, ["--ip", "b"])]
+    assert aggregate._processes(3, 1, None) == [(1, [])] * 3
+    parser = argparse.ArgumentParser()
+    aggregate.add_arguments(parser)
+    big = parser.parse_args(["--workers", "64"])
+    assert "one switch holds 32" in aggregate._check(big) and aggregate.per_process(big) == 8
+    assert aggregate.single_workers(big) == 32
+    assert "a leaf holds 32" in aggregate._check(parser.parse_args(
+        ["--workers", "65", "--topology", "leafspine", "--leaves", "2"]))
+    fabric = parser.parse_args(["--workers", "64", "--topology", "leafspine", "--leaves", "4"])
+    assert aggregate._check(fabric) is None

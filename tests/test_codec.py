@@ -48,7 +48,7 @@ from host_agent.codec.sketch import (
     sketch_cells,
 )
 from host_agent.codec.sketch_spec import FUSE_MIN_CELLS, SketchSpec
-from lhc_ina.constants import LANES, MAX_WORKERS, PAYLOAD_BYTES, Op
+from lhc_ina.constants import LANES, MAX_JOB_WORKERS, PAYLOAD_BYTES, Op
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PATTERNS = ("random", "zero", "dense", "identical", "disjoint", "bound")
@@ -310,7 +310,7 @@ def test_session_rejects_protocol_misuse():
         ([torch.zeros(5, dtype=torch.int32), torch.zeros(6, dtype=torch.int32)], {}, ValueError, "elements"),
         ([torch.zeros(5, dtype=torch.float64)], {}, TypeError, "float64"),
         ([torch.zeros(5, dtype=torch.int32), torch.zeros(5)], {}, TypeError, "dtype"),
-        ([torch.zeros(5, dtype=torch.int32)] * (MAX_WORKERS + 1), {}, ValueError, "at most 32"),
+        ([torch.zeros(5, dtype=torch.int32)] * (MAX_JOB_WORKERS + 1), {}, ValueError, "at most 1024"),
         ([], {}, ValueError, "non-empty"),
         ([torch.zeros(2, 3)], {}, ValueError, "1-D"),
         ([torch.zeros(5)], {"mode": "magic"}, ValueError, "mode"),

@@ -129,7 +129,7 @@ def test_one_pass_encodes_the_index_and_the_sketch_as_the_cpu_does(dtype, block,
 
 LEADS = [(torch.float32, "random", 0), (torch.bfloat16, "random", 31), (torch.float16, "nan", 6),
          (torch.float32, "zero", 2), (torch.int32, "random", 3), (torch.int32, "beyond", 17),
-         (torch.float32, "dense", 1)]
+         (torch.float32, "dense", 1), (torch.float16, "nan", 600), (torch.int32, "beyond", 1023)]
 
 
 @pytest.mark.parametrize(("dtype", "case", "rank"), LEADS)
@@ -137,7 +137,8 @@ def test_the_lead_is_written_on_the_device_as_the_host_writes_it(dtype, case, ra
     """``encode_lead`` writes the agreement message and the header from the scan's figures as
     ``agreement_words`` and ``header_words`` do from them on the host: both halves of the item count
     (dense: over 2^16 items), the exponent's bit (none for an all-zero bucket), a worker's bit for a NaN
-    (its sketch then zeroed) or an integer beyond the bound, ranks 0 to 31 (bit 31: a negative word)."""
+    (its sketch then zeroed) or an integer beyond the bound, ranks 0 to 31 (bit 31: a negative word) and
+    of a job past one switch (600, 1023: the agreement's presence and the flags' second word)."""
     from host_agent.codec.agreement import AGREE_WORDS, agreement_words
     from host_agent.codec.gpu.encoding import encode_lead, scan_stats, summarize
     from host_agent.codec.quantize import HEADER_WORDS, header_words, int_bound

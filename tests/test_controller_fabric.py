@@ -21,9 +21,11 @@ import grpc
 import pytest
 import torch
 
-from controller.admission import check_hosts, resolve_member
+from controller.admission import check_hosts, check_job_request, resolve_member
 from controller.reconcile import desired_state
+from controller.records import MemberRecord
 from controller.server import stored_topology
+from controller.spans import check_reach
 from controller.store import DB_NAME, JobStore
 from controller.topology import load_topology, parse_topology
 from host_agent.agent import Agent
@@ -97,6 +99,20 @@ def test_admission_refuses_workers_the_topology_cannot_reach_together() -> None:
             grpc.StatusCode.INVALID_ARGUMENT, "10.9.9.9:40000 is no host of the topology", "a1 10.0.1.1")
     member = resolve_member("w", "", "10.0.2.1", 40000, "", -1, topology, None)  # placed by its address
     assert (member.switch, member.switch_port, member.mac) == ("leafB", 1, "02:00:00:00:02:01")
+
+
+def test_more_than_32_workers_under_one_leaf_or_on_one_switch_are_refused_saying_why() -> None:
+    topology = parse_topology(FABRIC)
+    under = [MemberRecord(r, f"w{r}", "10.0.1.1", 40000 + r, "02:00:00:00:01:01", 1, switch="leafA")
+             for r in range(33)]
+    refused(lambda: check_reach("j", under, topology), grpc.StatusCode.INVALID_ARGUMENT,
+            "{'leafA': 33} workers under one switch", "1..32", "one bit each")
+    check_reach("j", under[:32], topology)
+    refused(lambda: check_job_request("j", 33, 0, 0, None), grpc.StatusCode.INVALID_ARGUMENT,
+            "33 workers on one switch", "leaf/spine")
+    assert check_job_request("j", 1024, 0, 0, topology) == (64, 64)
+    refused(lambda: check_job_request("j", 1025, 0, 0, topology), grpc.StatusCode.INVALID_ARGUMENT,
+            "1025 workers; a job has 1..1024")
 
 
 def test_the_store_keeps_the_topology_for_a_start_without_one(tmp_path: Path) -> None:
@@ -252,6 +268,56 @@ def test_a_leaf_back_empty_gets_its_jobs_a_fresh_epoch_on_every_switch(fabric: _
         assert shown.epoch != before and shown.installed and shown.epoch_changes >= 1, shown
         fabric.assert_switches_equal_the_store()  # the spine and the other leaf carry the new epoch too
         assert _dense_calls(agents, calls=2) == [True, True]
+    finally:
+        for agent in agents:
+            agent.close()
+
+
+def test_a_job_larger_than_one_bitmap_is_exact_in_every_mode(fabric: _Fabric) -> None:
+    """40 workers, 20 under each leaf (issue 41): each leaf's bitmap holds its own workers by their rank
+    within it, the spine's the two leaves, and every worker checks its results against the join's mask of
+    leaves. Real processes, real controller; the agents are threads of this process."""
+    ips = fabric.fabric.host_ips
+    world = 40
+    job = job_name()
+    fabric.controller.client.create_job(job, workers=world, slots=8)
+    agents = join_agents(fabric.controller.listen, job, [ips[r % 2] for r in range(world)], 10.0)
+    results: dict[int, object] = {}
+
+    def work(agent: Agent) -> None:
+        try:
+            for mode in ("dense", "sketch", "union"):
+                x = torch.zeros(700, dtype=torch.int32)
+                x[agent.rank * 17 % 700] = agent.rank + 1
+                x[3] = 2**20 - agent.rank
+                want = torch.zeros(700, dtype=torch.int64)
+                for r in range(world):
+                    want[r * 17 % 700] += r + 1
+                want[3] = sum(2**20 - r for r in range(world))
+                total = agent.allreduce(x, mode=mode).total
+                assert torch.equal(total.to(torch.int64), want), f"rank {agent.rank} {mode} is not exact"
+            results[agent.rank] = True
+        except Exception as exc:  # the test reports it
+            results[agent.rank] = exc
+
+    def counted() -> dict[str, dict[str, int]]:
+        return {c.switch: dict(c.counters) for c in fabric.controller.client.status(job).switch_counters}
+
+    try:
+        before = counted()  # a counter row may carry an earlier job's counts (a leaf restarted, a row reused)
+        threads = [threading.Thread(target=work, args=(agent,)) for agent in agents]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert [results.get(r, "hung") for r in range(world)] == [True] * world
+        shown = fabric.controller.client.status(job)
+        assert shown.result_mask == 0b11 and shown.switches[2] == "spine"
+        for leaf in ("leaf0", "leaf1"):  # each leaf numbers its 20 workers 0..19 on the wire
+            assert sorted(m.worker_id for m in shown.members if m.switch == leaf) == list(range(20))
+        after = counted()
+        ups = [after[leaf]["UP"] - before[leaf]["UP"] for leaf in ("leaf0", "leaf1")]
+        assert ups[0] == ups[1] == after["spine"]["RESULT"] - before["spine"]["RESULT"] > 0, (before, after)
     finally:
         for agent in agents:
             agent.close()

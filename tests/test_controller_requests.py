@@ -40,7 +40,9 @@ def test_precise_errors(setup):
     refused(lambda: client.join("nope", ip="127.0.0.1", udp_port=4000), nf, "'nope'")
     refused(lambda: client.delete_job("nope"), nf, "'nope'")
     bad = grpc.StatusCode.INVALID_ARGUMENT
-    refused(lambda: client.create_job("big", workers=33), bad, "33 workers", "1..32")
+    refused(lambda: client.create_job("big", workers=33), bad, "33 workers on one switch", "1..32",
+            "one bit each in its 32-bit contributor bitmap", "leaf/spine")
+    refused(lambda: client.create_job("bigger", workers=1025), bad, "1025 workers", "1..1024")
     refused(lambda: client.create_job("none", workers=0), bad, "0 workers")
     refused(lambda: client.create_job("lanes", workers=2, lanes=32), bad, "32 lanes")
     refused(lambda: client.create_job("huge", workers=2, slots=5000), bad, "5000 slots")

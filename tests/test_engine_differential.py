@@ -92,12 +92,13 @@ def _state(engine) -> tuple:
 @pytest.mark.parametrize("seed", range(5))
 def test_native_and_python_engines_take_the_same_decisions(seed: int) -> None:
     rng = random.Random(seed)
-    world, slots = rng.choice((2, 3, 8)), rng.choice((4, 16, 64))
-    who = StreamIdentity(job_id=7, rank=1, epoch=3, slot_count=slots)
-    python = PacketEngine(who, world, SWITCH, timeout_s=0.5)
-    native = NativeEngine(who, world, None, timeout_s=0.5)
-    native.set_switch(SWITCH)
+    # world: the bits of the result mask (workers on one switch, or leaves of a fabric job)
+    world, slots = rng.choice((2, 3, 8, 32)), rng.choice((4, 16, 64))
+    who = StreamIdentity(job_id=7, rank=40, epoch=3, slot_count=slots, worker_id=1)
     switch = _FakeSwitch(rng, world)
+    python = PacketEngine(who, switch.full, SWITCH, timeout_s=0.5)
+    native = NativeEngine(who, switch.full, None, timeout_s=0.5)
+    native.set_switch(SWITCH)
     results: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     idents, epoch, now, completed_total = 0, who.epoch, 1000.0, 0
     for _ in range(STEPS):
@@ -142,7 +143,7 @@ def test_the_native_engines_sends_arrive_as_the_packets_in_order(gso: bool) -> N
     sink.settimeout(2)
     channel = Channel(("127.0.0.1", 0), sink.getsockname())
     who = StreamIdentity(job_id=2, rank=0, epoch=1, slot_count=256)
-    engine = NativeEngine(who, 2, channel, timeout_s=5.0, gso=gso)
+    engine = NativeEngine(who, 0b11, channel, timeout_s=5.0, gso=gso)
     raw = build_packets(np.arange(200 * c.LANES, dtype=np.int32), c.Op.ADD, 0, who).tobytes()
     engine.add(0, 0, raw, np.zeros(200 * c.LANES, np.uint32))
     wake_r, wake_w = socket.socketpair()

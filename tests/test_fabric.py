@@ -1,6 +1,7 @@
 """lhc_ina.fabric and the two-level parts of lhc_ina.jobs: one job over a spine and its leaves becomes each
 switch's entries (docs/switch.md, "Two levels: leaf and spine"), and each broken fabric or layout is
-rejected with an error that names what is wrong."""
+rejected with an error that names what is wrong. Ranks are per level: a leaf admits its workers by their rank
+within it, the spine each leaf by its index (docs/switch.md, "Ranks per level")."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dataclasses
 import pytest
 
 from lhc_ina import constants as c
-from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_entries, fabric_layouts
+from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_entries, fabric_layouts, wire_ranks
 from lhc_ina.jobs import (
     ADMIT_WORKER,
     FULL_ROUND_TABLE,
@@ -37,7 +38,9 @@ def link(leaf: int) -> LeafLink:
 def fabric(per_leaf: tuple[int, ...] = (4, 4)) -> FabricJob:
     leaves, rank = [], 0
     for index, count in enumerate(per_leaf):
-        workers = tuple(worker(r, switch_port=1 + r - rank) for r in range(rank, rank + count))
+        workers = tuple(worker(r, ip=f"10.{r >> 8}.{r & 255}.1", mac=f"02:00:00:00:{r >> 8:02x}:{r%256:02x}",
+                               switch_port=1 + r - rank)
+                        for r in range(rank, rank + count))
         leaves.append(Leaf(f"leaf{index}", SwitchShare(job_index=3, slot_base=64 * index, mcast_grp=5),
                            workers, link(index)))
         rank += count
@@ -57,18 +60,19 @@ def test_each_leaf_gets_its_workers_and_an_uplink_and_counts_its_parent():
     assert dict(jobs.params) == {"job_index": 3, "slot_base": 64, "slot_count": 8, "fan_in": 4,
                                  "mcast_grp": 5, "epoch": 9}
     workers = entries_of(leaf1.tables, WORKERS_TABLE)
+    # job ranks 4, 5, 6 are the leaf's ranks 0, 1, 2 on the wire and in its bitmap
     assert [(dict(e.match)["hdr.lhc.worker_id"], dict(e.params)["worker_bit"]) for e in workers] == [
-        (4, 1 << 4), (5, 1 << 5), (6, 1 << 6)]
+        (0, 1 << 0), (1, 1 << 1), (2, 1 << 2)]
     (up,) = entries_of(leaf1.tables, UPLINKS_TABLE)
     assert (up.match, up.action) == ((("hdr.lhc.job_id", 0x77),), SET_UPLINK)
     assert dict(up.params) == {
-        "port": 20, "worker_id": 4, "src_mac": mac_to_int("02:00:00:00:0a:01"),
+        "port": 20, "worker_id": 1, "src_mac": mac_to_int("02:00:00:00:0a:01"),
         "dst_mac": mac_to_int("02:00:00:00:0b:01"), "src_addr": ip_to_int("10.0.1.254"),
         "dst_addr": ip_to_int("10.0.100.1"), "src_port": c.UDP_PORT_BASE + 1, "dst_port": c.UDP_PORT_BASE}
-    assert leaf1.group.replicas == ((1, 4), (2, 5), (3, 6))
+    assert leaf1.group.replicas == ((1, 0), (2, 1), (3, 2))
 
 
-def test_the_spine_admits_each_leaf_as_one_member_standing_for_its_workers():
+def test_the_spine_admits_each_leaf_as_one_member_with_the_bit_of_its_index():
     spine = fabric_entries(fabric((4, 3)))["spine"]
     (jobs,) = entries_of(spine.tables, JOBS_TABLE)
     assert dict(jobs.params)["fan_in"] == 2
@@ -77,11 +81,31 @@ def test_the_spine_admits_each_leaf_as_one_member_standing_for_its_workers():
     assert [dict(e.match) for e in members] == [
         {"hdr.lhc.job_id": 0x77, "hdr.lhc.worker_id": 0, "hdr.ipv4.src_addr": ip_to_int("10.0.0.254"),
          "hdr.udp.src_port": c.UDP_PORT_BASE + 1, "standard_metadata.ingress_port": 30},
-        {"hdr.lhc.job_id": 0x77, "hdr.lhc.worker_id": 4, "hdr.ipv4.src_addr": ip_to_int("10.0.1.254"),
+        {"hdr.lhc.job_id": 0x77, "hdr.lhc.worker_id": 1, "hdr.ipv4.src_addr": ip_to_int("10.0.1.254"),
          "hdr.udp.src_port": c.UDP_PORT_BASE + 1, "standard_metadata.ingress_port": 31}]
     assert [(e.action, dict(e.params)) for e in members] == [
-        (ADMIT_WORKER, {"worker_bit": 0x0F}), (ADMIT_WORKER, {"worker_bit": 0x70})]
-    assert spine.group.replicas == ((30, 0), (31, 4))
+        (ADMIT_WORKER, {"worker_bit": 0x1}), (ADMIT_WORKER, {"worker_bit": 0x2})]
+    assert spine.group.replicas == ((30, 0), (31, 1))
+
+
+def test_a_job_of_1024_workers_is_32_leaves_of_32_with_nothing_wider_than_32_bits():
+    layouts = fabric_layouts(fabric((c.MAX_WORKERS,) * c.MAX_LEAVES))
+    leaves = [layout for name, layout in layouts.items() if name != "spine"]
+    assert sum(len(layout.workers) for layout in leaves) == c.MAX_JOB_WORKERS
+    spine = layouts["spine"]
+    assert spine.full_mask == 0xFFFFFFFF and spine.countdown == c.MAX_LEAVES
+    for index in range(c.MAX_LEAVES):
+        leaf = layouts[f"leaf{index}"]
+        assert leaf.full_mask == 0xFFFFFFFF and leaf.countdown == c.MAX_WORKERS + 1
+        assert leaf.uplink.worker_id == index and leaf.results_bitmap == 0xFFFFFFFF
+    for entries in fabric_entries(fabric((c.MAX_WORKERS,) * c.MAX_LEAVES)).values():
+        assert all(0 < dict(e.params)["worker_bit"] < 1 << 32
+                   for e in entries_of(entries.tables, WORKERS_TABLE))
+
+
+def test_wire_ranks_number_each_leafs_workers_from_zero_in_job_rank_order():
+    assert wire_ranks([[5, 0, 2], [1, 3, 4]]) == {0: (0, 0), 2: (0, 1), 5: (0, 2), 1: (1, 0), 3: (1, 1),
+                                                  4: (1, 2)}
 
 
 def test_a_one_switch_job_has_no_uplink_entry():
@@ -104,9 +128,12 @@ def test_a_broken_fabric_is_rejected_with_what_is_wrong(change, match):
     assert str(caught.value).startswith("job 119: ")
 
 
-def test_more_workers_than_bitmap_bits_are_rejected():
-    with pytest.raises(InvalidJob, match=r"33 workers; a job has 1\.\.32"):
-        fabric_entries(fabric((17, 16)))
+def test_more_than_32_workers_on_a_leaf_or_32_leaves_are_rejected_saying_why():
+    fabric_entries(fabric((17, 16)))  # 33 workers over two leaves: fine
+    with pytest.raises(InvalidJob, match=r"leaves \['leaf1'\] hold more than 32 workers .*one bit each"):
+        fabric_entries(fabric((3, 33)))
+    with pytest.raises(InvalidJob, match=r"33 leaves; a job spans 1\.\.32 \(one bit each in the spine"):
+        fabric_entries(fabric((1,) * 33))
 
 
 def leaf_layout(**uplink_changes: object):
@@ -115,7 +142,7 @@ def leaf_layout(**uplink_changes: object):
 
 
 @pytest.mark.parametrize("layout, match", [
-    (leaf_layout(worker_id=5), r"uplink worker id 5 must be the leaf's lowest rank 4"),
+    (leaf_layout(worker_id=32), r"uplink worker id 32 \(the leaf's index at its parent\) must be below 32"),
     (leaf_layout(port=511), r"uplink port 511 is outside 0\.\.510"),
     (leaf_layout(dst_addr="10.0.0"), r"uplink dst_addr '10\.0\.0' is not an IPv4 address"),
     (leaf_layout(src_mac="nope"), r"uplink src_mac 'nope' is not a MAC address"),
@@ -132,20 +159,16 @@ def spine_layout(*members):
     return dataclasses.replace(fabric_layouts(fabric())["spine"], workers=tuple(members))
 
 
-def member(rank: int, stands_for: int, **changes: object):
-    fields = {"udp_port": c.UDP_PORT_BASE + 1, "switch_port": 30 + rank, "stands_for": stands_for, **changes}
+def member(rank: int, **changes: object):
+    fields = {"udp_port": c.UDP_PORT_BASE + 1, "switch_port": 30 + rank, "leaf": True, **changes}
     return worker(rank, **fields)
 
 
 @pytest.mark.parametrize("layout, match", [
-    (spine_layout(member(0, 0x0F), member(3, 0xF8)), r"rank 3 stands for workers another member has"),
-    (spine_layout(member(0, 0x0F), member(4, 0xE0)), r"rank 4 stands for 0xe0: .*the lowest of them its own"),
-    (spine_layout(member(0, 0x0F), member(5, 0xE0)),
-     r"stand for the workers 0xef, not ranks 0\.\.6 once each"),
-    (spine_layout(member(0, 0x0F), member(4, 0xF0, udp_port=40000)),
-     r"rank 4 \(a leaf\): UDP port 40000 is outside the lhc range"),
-    (spine_layout(member(0, 0x0F), member(4, 1 << 32 | 0x30)), r"the mask must hold ranks below 32"),
-    (spine_layout(member(0, 0x0F), member(0, 0xF0)), r"ranks must be distinct and below 32, got \[0, 0\]"),
+    (spine_layout(member(0), member(2)), r"ranks must be 0\.\.1 once each, got \[0, 2\]"),
+    (spine_layout(member(0), member(0, ip="10.9.9.9")), r"ranks must be 0\.\.1 once each, got \[0, 0\]"),
+    (spine_layout(member(0), member(1, udp_port=40000)),
+     r"rank 1 \(a leaf\): UDP port 40000 is outside the lhc range"),
 ])
 def test_a_broken_spine_member_is_rejected(layout, match):
     with pytest.raises(InvalidJob, match=match):
@@ -153,9 +176,9 @@ def test_a_broken_spine_member_is_rejected(layout, match):
 
 
 def test_a_spine_may_also_hold_workers_of_its_own():
-    layout = spine_layout(member(0, 0x0F), worker(4, udp_port=40004, switch_port=40))
+    layout = spine_layout(member(0), worker(1, udp_port=40004, switch_port=40))
     entries = job_entries(layout)
-    assert [dict(e.params)["worker_bit"] for e in entries_of(entries.tables, WORKERS_TABLE)] == [0x0F, 0x10]
+    assert [dict(e.params)["worker_bit"] for e in entries_of(entries.tables, WORKERS_TABLE)] == [0x1, 0x2]
 
 
 def test_tofino_tells_each_switch_its_masks_in_full_round():
@@ -168,9 +191,9 @@ def test_tofino_tells_each_switch_its_masks_in_full_round():
     assert all(dict(e.match)["hdr.lhc.job_id"] == 0x77 for entries in found.values()
                for e in entries_of(entries.tables, FULL_ROUND_TABLE))
     assert rounds == {
-        "spine": {(0x7F, ROUND_IS_FULL)},
-        "leaf0": {(0x7F, ROUND_IS_FULL), (0x0F, ROUND_AWAITS_PARENT)},
-        "leaf1": {(0x7F, ROUND_IS_FULL), (0x70, ROUND_AWAITS_PARENT)},
+        "spine": {(0x3, ROUND_IS_FULL)},
+        "leaf0": {(0x3, ROUND_IS_FULL), (0x0F, ROUND_AWAITS_PARENT)},
+        "leaf1": {(0x3, ROUND_IS_FULL), (0x07, ROUND_AWAITS_PARENT)},
     }
     assert not any(entries_of(e.tables, FULL_ROUND_TABLE) for e in fabric_entries(fabric()).values())
     one_switch = job_entries(job(3), target="tna")
@@ -178,19 +201,21 @@ def test_tofino_tells_each_switch_its_masks_in_full_round():
     assert [(dict(e.match)["hdr.lhc.bitmap"], e.action) for e in rows] == [(0x7, ROUND_IS_FULL)]
 
 
-def test_tofino_refuses_a_one_leaf_job_by_name():
-    # Its workers' mask would be the result's: awaiting and final would look the same.
-    layouts = fabric_layouts(fabric((4,)))
-    with pytest.raises(InvalidJob, match=r"one-leaf job cannot run on Tofino"):
-        validate(layouts["leaf0"], target="tna")
-    validate(layouts["leaf0"])  # v1model counts down instead
+@pytest.mark.parametrize("per_leaf", [(1,), (2, 2), (3, 5, 1)])
+def test_tofino_refuses_a_leaf_with_as_many_workers_as_the_job_has_leaves(per_leaf):
+    # Its workers' mask would be the result's (the mask of leaves): awaiting and final would look the same.
+    layouts = fabric_layouts(fabric(per_leaf))
+    clash = next(f"leaf{i}" for i, n in enumerate(per_leaf) if n == len(per_leaf))
+    with pytest.raises(InvalidJob, match=r"a leaf must not hold as many workers as the job has leaves"):
+        validate(layouts[clash], target="tna")
+    validate(layouts[clash])  # v1model counts down instead
     validate(layouts["spine"], target="tna")
 
 
-def test_a_result_mask_must_be_a_leafs_and_hold_its_workers():
+def test_a_result_mask_must_be_a_leafs_and_hold_its_own_bit():
     leaf = fabric_layouts(fabric())["leaf1"]
-    assert leaf.result_mask == 0xFF
-    with pytest.raises(InvalidJob, match=r"result mask 0xf must be a leaf's, holding its workers 0xf0"):
-        validate(dataclasses.replace(leaf, result_mask=0x0F))
+    assert leaf.result_mask == 0x3
+    with pytest.raises(InvalidJob, match=r"result mask 0x1 must be a leaf's parent's mask of leaves, hold"):
+        validate(dataclasses.replace(leaf, result_mask=0x1))
     with pytest.raises(InvalidJob, match=r"result mask 0x7 must be a leaf's"):
         validate(dataclasses.replace(job(3), result_mask=0x7))

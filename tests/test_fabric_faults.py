@@ -8,7 +8,8 @@ it spans both leaves and the spine (three softswitch processes and one controlle
 empty makes the controller push its pipeline and re-admit the job under a fresh epoch on every switch
 (``controller.sessions``); the agents learn it from their heartbeats and replay. ``LHC_FABRIC_TRIALS``
 sets the number of trials (default 8 in the normal run; docs/testing.md gives the 60-trial run's tally);
-a failing trial prints its seed.
+a failing trial prints its seed. The same trials run at 40 workers (issue 41: more than one switch's
+bitmap, 20 under each leaf), one per fault kind (``LHC_FABRIC_LARGE_TRIALS`` rounds of them, default 1).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from tests.harness.agents import join_agents
 from tests.harness.fault_trials import TrialStack, check_trials, draw_trial, run_calls, said
 
 TRIALS = int(os.environ.get("LHC_FABRIC_TRIALS", "8"))
+LARGE_TRIALS = int(os.environ.get("LHC_FABRIC_LARGE_TRIALS", "1"))
+LARGE_WORLD = 40
 KINDS = {"none": 1, "leaf_kill": 3, "spine_kill": 3, "leaf_stall": 1, "spine_stall": 1}
 #: A switch killed and restarted needs the controller to notice, push its pipeline and re-admit the job on
 #: every switch before the workers can resync: the transport's silent-peer timer allows for that.
@@ -56,9 +59,10 @@ def _fault(kind: str, victim: SoftswitchProcess, rng: random.Random) -> None:
         os.kill(victim.proc.pid, signal.SIGCONT)
 
 
-def _trial(stack: TrialStack, seed: int) -> tuple[str, list[str]]:
+def _trial(stack: TrialStack, seed: int, kinds: dict[str, int] = KINDS, worlds: tuple[int, ...] = (2, 4)
+           ) -> tuple[str, list[str]]:
     """One trial: its fault kind and every worker's outcome of every call."""
-    trial = draw_trial(seed, KINDS, (2, 4))
+    trial = draw_trial(seed, kinds, worlds)
     kind, rng = trial.kind, trial.rng
     job = stack.open_job(f"fabric-fault-{seed}", trial.world)
     # Alternately under leaf 0 and leaf 1, so that the job spans the fabric.
@@ -83,3 +87,17 @@ def test_a_leaf_or_the_spine_failing_leaves_every_worker_exact_or_with_a_clear_e
     # Not vacuous: faults were injected, and some trials (the ones without a fault, most stalls) end exact.
     assert sum(n for key, n in tally.items() if not key.startswith("none")) > 0, tally
     assert exact_trials >= 1, tally
+
+
+@pytest.mark.slow
+def test_a_leaf_or_the_spine_failing_under_a_job_larger_than_one_bitmap(stack: TrialStack) -> None:
+    # Each fault kind once per round, at 40 workers: a leaf's 20 workers resync through their leaf's
+    # partial, and every live worker still ends exact or with a clear error.
+    kinds = [kind for kind in KINDS if kind != "none"]
+    for round_ in range(LARGE_TRIALS):
+        for i, kind in enumerate(kinds):
+            seed = 1000 + round_ * len(kinds) + i
+            tally, _ = check_trials(range(seed, seed + 1),
+                                    lambda s, k=kind: _trial(stack, s, {k: 1}, (LARGE_WORLD,)),
+                                    f"fabric faults at {LARGE_WORLD} workers, {kind}")
+            assert sum(tally.values()) >= LARGE_WORLD, tally  # every worker said something of each call

@@ -80,8 +80,9 @@ def test_fan_in_defaults_to_the_worker_count_so_a_table_never_gets_zero():
     # what would give two workers one bit, or a bit past 31.
     ({"workers": (worker(0), worker(0, ip="10.0.0.9", udp_port=41000))}, r"ranks must be 0\.\.1 once each"),
     ({"workers": (worker(0), worker(2))}, r"ranks must be 0\.\.1 once each, got \[0, 2\]"),
-    ({"workers": tuple(worker(r) for r in range(c.MAX_WORKERS + 1))}, r"33 workers; a job has 1\.\.32"),
-    ({"workers": ()}, r"0 workers"),
+    ({"workers": tuple(worker(r) for r in range(c.MAX_WORKERS + 1))},
+     r"33 members on one switch; a switch holds 1\.\.32 of a job \(one bit each"),
+    ({"workers": ()}, r"0 members on one switch"),
     ({"mcast_grp": 0}, r"multicast group 0 .*results would leave by port 0"),
     ({"mcast_grp": 1 << 16}, r"multicast group 65536 must be in"),
     ({"job_index": c.MAX_JOBS}, rf"job index {c.MAX_JOBS} must be in 1\.\.{c.MAX_JOBS - 1}"),

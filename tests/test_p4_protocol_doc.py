@@ -26,14 +26,15 @@ FIELD_MEANING = {
     "op": "`Op`: how the slot combines lanes (ADD mod 2^32, or OR)",
     "ver": "which of the slot's two shadow copies",
     "flags": "reserved: 0 (a 1 makes the packet malformed)",
-    "worker_id": "sender's rank in its job, `< MAX_WORKERS`; its bitmap bit is `1 << worker_id`",
+    "worker_id": "sender's rank at the switch it sends to, `< MAX_WORKERS`: its job rank on one switch, its "
+    "rank within its leaf, a leaf's index at the spine; its bitmap bit is `1 << worker_id`",
     "job_id": "the job, as admitted by the controller",
     "slot": "job-relative aggregator slot, `< slot_count` of the job",
     "epoch": "the job's generation; unique per admission",
     "seq": "packet number `p` of the job's stream mod 2^32, continuous within an epoch; names the round; "
     "echoed in results",
     "bitmap": "DATA: 0 from a worker, a leaf's partial carries its workers' bits; ignored by the switch; "
-    "results: the workers whose contributions the result holds",
+    "results: the members whose contributions the result holds (a spine's: its leaves)",
 }
 
 MSG_TYPE_MEANING = {
@@ -121,7 +122,9 @@ def _constants_block() -> list[str]:
         ["`UDP_LENGTH`", c.UDP_LENGTH, "UDP length of every lhc packet"],
         ["`IPV4_TOTAL_LENGTH`", c.IPV4_TOTAL_LENGTH, "IPv4 total length of every lhc packet"],
         ["`FRAME_BYTES`", c.FRAME_BYTES, "Ethernet frame without FCS"],
-        ["`MAX_WORKERS`", c.MAX_WORKERS, "workers per job (bits of `bitmap`)"],
+        ["`MAX_WORKERS`", c.MAX_WORKERS, "members of a job per switch (bits of `bitmap`)"],
+        ["`MAX_LEAVES`", c.MAX_LEAVES, "leaves of a two-level job (bits of the spine's `bitmap`)"],
+        ["`MAX_JOB_WORKERS`", c.MAX_JOB_WORKERS, "workers per job: `MAX_WORKERS * MAX_LEAVES`"],
         ["`MAX_SLOTS`", c.MAX_SLOTS, "aggregator slots in the switch, shared by all jobs"],
         ["`SLOT_COPIES`", c.SLOT_COPIES, "shadow copies per slot (`ver`)"],
         ["`MAX_JOBS`", c.MAX_JOBS, "counter rows (job indices)"],

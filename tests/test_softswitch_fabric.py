@@ -3,8 +3,10 @@ pipeline written with its share of ``lhc_ina.fabric.fabric_entries``, wired toge
 
 Simulated workers keep the hosts' rules (window of ``slot_count``, retransmission of every outstanding
 packet when the network falls silent, a result taken only from their switch's address, for a packet they
-wait for, with the full mask): every worker must end with the exact sum of every packet, whatever the
-seeded loss on every link, either way. Both pipelines run it; the PTF suite checks each case on the wire.
+wait for, with the job's result mask: one bit per leaf), each sending under its rank within its leaf: every
+worker must end with the exact sum of every packet, whatever the seeded loss on every link, either way, up to
+jobs larger than one switch's 32 bitmap bits. Both pipelines run it; the PTF suite checks each case on the
+wire.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 from lhc_ina import constants as c
 from lhc_ina import wire
-from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_layouts
+from lhc_ina.fabric import FabricJob, Leaf, LeafLink, SwitchShare, fabric_layouts, wire_ranks
 from lhc_ina.jobs import WorkerEndpoint
 from lhc_ina.p4info import P4InfoIndex
 from lhc_launch.switch_job import job_updates
@@ -27,7 +29,7 @@ from softswitch.pipeline import Pipeline
 
 INDEX = P4InfoIndex.from_file()
 UPLINK_PORT = 20
-SPINE_PORTS = (30, 31)
+SPINE_PORTS = tuple(range(30, 30 + c.MAX_LEAVES))
 JOB_ID = 0x51
 
 
@@ -35,12 +37,12 @@ def fabric(per_leaf: tuple[int, ...] = (3, 2), slot_count: int = 2) -> FabricJob
     leaves, rank = [], 0
     for index, count in enumerate(per_leaf):
         workers = tuple(
-            WorkerEndpoint(r, f"10.{index}.0.{r + 1}", 40000 + r, f"02:00:00:0{index}:00:{r + 1:02x}",
+            WorkerEndpoint(r, f"10.{index}.0.{r + 1}", 40000 + r, f"02:00:00:{index:02x}:00:{r + 1:02x}",
                            1 + r - rank)
             for r in range(rank, rank + count)
         )
         link = LeafLink(leaf_port=UPLINK_PORT, spine_port=SPINE_PORTS[index],
-                        leaf_mac=f"02:00:00:0{index}:00:fe", leaf_ip=f"10.{index}.0.254",
+                        leaf_mac=f"02:00:00:{index:02x}:00:fe", leaf_ip=f"10.{index}.0.254",
                         leaf_udp_port=c.UDP_PORT_BASE + 2,
                         spine_mac="02:00:00:99:00:fe", spine_ip="10.99.0.254")
         leaves.append(Leaf(f"leaf{index}", SwitchShare(3 + index, 8 * index, 7), workers, link))
@@ -111,10 +113,11 @@ class Worker:
         self.me = next(w for w in self.leaf.workers if w.rank == rank)
         self.results: dict[int, tuple[int, ...]] = {}
         self.next_p = 0
-        self.full = (1 << job.world_size) - 1
+        _, self.worker_id = wire_ranks([[w.rank for w in leaf.workers] for leaf in job.leaves])[rank]
+        self.full = job.result_mask  # one bit per leaf: every leaf's complete partial is in
 
     def frame(self, p: int) -> bytes:
-        header = wire.LhcHeader(msg_type=c.MsgType.DATA, worker_id=self.rank, job_id=self.job.job_id,
+        header = wire.LhcHeader(msg_type=c.MsgType.DATA, worker_id=self.worker_id, job_id=self.job.job_id,
                                 epoch=self.job.epoch, **wire.stream_position(p, self.job.slot_count))
         link = self.leaf.link
         return wire.build_frame(wire.pack_packet(header, self.values[p]), src_mac=self.me.mac,
@@ -212,3 +215,13 @@ def test_a_one_worker_leaf_sends_its_packet_up_at_once(kind):
     job = fabric((1, 4))
     net, _ = run(job, kind, packets=6, loss=0.0, seed=5)
     assert net.pipelines["leaf0"].stats(3) == {"UP": 6, "RESULT": 6}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_job_of_more_workers_than_bitmap_bits_is_exact_under_loss(kind):
+    # 40 workers over three leaves (two of them more than half a bitmap): each leaf's bitmap holds its own
+    # workers, the spine's its three leaves, and every worker's result carries the spine's 0b111.
+    job = fabric((14, 13, 13), slot_count=2)
+    assert job.world_size > c.MAX_WORKERS
+    _, workers = run(job, kind, packets=4, loss=0.1, seed=6, reorder=True)
+    assert {w.full for w in workers} == {0b111}

@@ -106,11 +106,14 @@ def jobs() -> list[tuple[JobLayout, dict[str, int] | None]]:
 
 def two_level_jobs() -> list[JobLayout]:
     """A leaf (job 16, its uplink out of port 9) and a spine (job 17, leaves behind ports 6 and 8), each
-    the switch's share of a two-leaf fabric job."""
+    the switch's share of a two-leaf fabric job. Job 16 has 40 workers, more than one bitmap holds: its
+    leaf holds 32 of them (ranks 0..31 within it, the top bit included), behind ports 2, 3, 4."""
     out = []
-    for job_id, keep in ((16, "leaf0"), (17, "spine")):
+    big = ((tuple(range(32)), tuple(2 + r % 3 for r in range(32))), (tuple(range(32, 40)), (5,) * 8))
+    small = (((0, 1, 2), (2, 3, 4)), ((3, 4), (5, 7)))
+    for job_id, keep, shape in ((16, "leaf0", big), (17, "spine", small)):
         leaves = []
-        for index, (ranks, ports) in enumerate((((0, 1, 2), (2, 3, 4)), ((3, 4), (5, 7)))):
+        for index, (ranks, ports) in enumerate(shape):
             workers = tuple(WorkerEndpoint(r, f"10.{job_id}.0.{r + 1}", 40000 + r,
                                            f"02:00:00:10:00:{r + 1:02x}", port)
                             for r, port in zip(ranks, ports, strict=True))

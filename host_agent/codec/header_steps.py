@@ -69,6 +69,6 @@ class HeaderSteps:
             words = self.received[kind][:HEADER_WORDS]
             host = words if words.device.type == "cpu" else gpu.read_back(words)
             with gpu.on_host():
-                self.nonfinite = nonfinite_ranks(host)
+                self.nonfinite = nonfinite_ranks(host, self.world)
                 self.agreed = parse_header(host, self.world)
         return bool(self.nonfinite)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from host_agent.errors import AggregationError
-from lhc_ina.constants import MAX_WORKERS, Op
+from lhc_ina.constants import MAX_JOB_WORKERS, Op
 
 from .arith import add_int32, or_int32
 from .session import WorkerSession, check_input
@@ -37,8 +37,8 @@ def reduce_words(op: Op, words: Sequence[torch.Tensor]) -> torch.Tensor:
 def _check_inputs(inputs: Sequence[torch.Tensor]) -> None:
     if not isinstance(inputs, (list, tuple)) or not inputs:
         raise ValueError("inputs must be a non-empty list of 1-D tensors, one per worker")
-    if len(inputs) > MAX_WORKERS:
-        raise ValueError(f"{len(inputs)} workers: at most {MAX_WORKERS} are supported")
+    if len(inputs) > MAX_JOB_WORKERS:
+        raise ValueError(f"{len(inputs)} workers: at most {MAX_JOB_WORKERS} (MAX_JOB_WORKERS) are supported")
     for x in inputs:
         check_input(x)
     first = inputs[0]

@@ -4,11 +4,15 @@ Why a power of two: multiplying a float by 2^s is exact, so the only error is th
 integer, and it is the same on every device. Why agreed: the switch adds the integers of all workers, so
 they must share one scale, and the scale must keep the *sum* in int32: with W workers and ``k =
 W.bit_length()`` (so W < 2^k) the codec picks s such that |x| * 2^s <= 2^(31-k) for every worker's x,
-hence W * max|q| < 2^31 and every element's sum fits int32.
+hence W * max|q| < 2^31 and every element's sum fits int32 (k = 11 for W up to ``MAX_JOB_WORKERS`` =
+1024: 2^20 per worker).
 
 Agreement costs no extra message: each worker ORs a one-hot 256-bit bitmap of the float32 exponent field
-of its max |x| into the header words (OR of one-hot bitmaps = max). Three more header words carry, one bit
-per worker, "my input is not finite", "my integers exceed the bound" and "my support misses a nonzero":
+of its max |x| into the header words (OR of one-hot bitmaps = max). Three pairs of header words carry the
+flags "my input is not finite", "my integers exceed the bound" and "my support misses a nonzero": rank r
+sets bit r % 32 of the pair's first word and bit r // 32 of its second, so up to ``MAX_JOB_WORKERS`` (1024)
+ranks fit two words, one flagged worker is named exactly, and several are named among the ranks whose
+two bits are both set (a superset only when they differ in both halves):
 after the same round every worker raises the same AggregationError for the last two, and ends the
 aggregation with an all-NaN total for the first (a NaN or inf is not quantized; see ``nonfinite_ranks``),
 instead of some of them waiting forever.
@@ -38,13 +42,13 @@ import torch
 
 from host_agent.errors import AggregationError
 
-# 8 words exponent bitmap, then one word each (a bit per worker): non-finite input, integers beyond the
-# bound, a support that misses a nonzero element
-HEADER_WORDS = 11
+# 8 words exponent bitmap, then two words each (bit rank % 32, bit rank // 32): non-finite input, integers
+# beyond the bound, a support that misses a nonzero element
+HEADER_WORDS = 14
 EXP_WORDS = 8
 NONFINITE_WORD = 8
-UNSCALABLE_WORD = 9
-PARTIAL_SUPPORT_WORD = 10
+UNSCALABLE_WORD = 10
+PARTIAL_SUPPORT_WORD = 12
 #: binades a scale assumed from the previous round may be coarser than ``headroom`` allows for
 SCALE_SLACK = 2
 MAX_FIELD = 254  # the largest exponent field of a finite float32
@@ -125,20 +129,24 @@ def header_words(
     flags = {NONFINITE_WORD: finite, UNSCALABLE_WORD: in_bound, PARTIAL_SUPPORT_WORD: support_complete}
     for word, ok in flags.items():
         if not ok:
-            words[word] |= 1 << rank
+            words[word] |= 1 << rank % 32
+            words[word + 1] |= 1 << rank // 32
     signed = [w - (1 << 32) if w >= 1 << 31 else w for w in words]
     return torch.tensor(signed, dtype=torch.int32, device=device)
 
 
-def _workers(mask: int) -> tuple[int, ...]:
-    return tuple(r for r in range(32) if mask >> r & 1)
+def _workers(vals: list[int], word: int, world_size: int) -> tuple[int, ...]:
+    """The ranks a flag's pair of words names: rank r sets bit r % 32 of the first, r // 32 of the second."""
+    low, high = vals[word], vals[word + 1]
+    return tuple(r for r in range(world_size) if low >> r % 32 & 1 and high >> r // 32 & 1)
 
 
-def nonfinite_ranks(words: torch.Tensor) -> tuple[int, ...]:
-    """The workers whose input holds a NaN or inf, from the OR of all headers (not an error: the
-    protocol then ends the aggregation on every worker with a non-finite total, as a float allreduce
-    would propagate it, so that a mixed-precision loss scaler sees the overflow)."""
-    return _workers(int(words[NONFINITE_WORD]) & 0xFFFFFFFF)
+def nonfinite_ranks(words: torch.Tensor, world_size: int) -> tuple[int, ...]:
+    """The workers whose input holds a NaN or inf (or their candidates past 32 workers), from the OR of
+    all headers (not an error: the protocol then ends the aggregation on every worker with a non-finite
+    total, as a float allreduce would propagate it, so that a mixed-precision loss scaler sees the
+    overflow)."""
+    return _workers([w & 0xFFFFFFFF for w in words[:HEADER_WORDS].tolist()], NONFINITE_WORD, world_size)
 
 
 def parse_header(words: torch.Tensor, world_size: int) -> int | None:
@@ -149,7 +157,7 @@ def parse_header(words: torch.Tensor, world_size: int) -> int | None:
     """
     vals = [w & 0xFFFFFFFF for w in words[:HEADER_WORDS].tolist()]
     if vals[UNSCALABLE_WORD]:
-        ranks = _workers(vals[UNSCALABLE_WORD])
+        ranks = _workers(vals, UNSCALABLE_WORD, world_size)
         raise AggregationError(
             f"integer values of worker(s) {list(ranks)} exceed the bound |x| <= {int_bound(world_size)} "
             f"(= (2^31-1) // {world_size} workers): the sum could overflow int32",
@@ -157,7 +165,7 @@ def parse_header(words: torch.Tensor, world_size: int) -> int | None:
             collective=True,
         )
     if vals[PARTIAL_SUPPORT_WORD]:
-        ranks = _workers(vals[PARTIAL_SUPPORT_WORD])
+        ranks = _workers(vals, PARTIAL_SUPPORT_WORD, world_size)
         raise AggregationError(
             f"the support of worker(s) {list(ranks)} misses nonzero elements of their input: a support must "
             "list every nonzero element (elements outside it would be dropped)",

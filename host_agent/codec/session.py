@@ -68,7 +68,7 @@ from typing import TypeVar
 import torch
 
 from host_agent.errors import AggregationError
-from lhc_ina.constants import FRAME_BYTES, LANES, MAX_WORKERS, PAYLOAD_BYTES
+from lhc_ina.constants import FRAME_BYTES, LANES, MAX_JOB_WORKERS, PAYLOAD_BYTES
 
 from . import gpu
 from .agreement import parameter_digest
@@ -138,8 +138,8 @@ class WorkerSession:
         count_launches: bool = False,
     ) -> None:
         check_input(x)
-        if not is_int(world_size) or not 1 <= world_size <= MAX_WORKERS:
-            raise ValueError(f"world_size must be an int in 1..{MAX_WORKERS}, not {world_size!r}")
+        if not is_int(world_size) or not 1 <= world_size <= MAX_JOB_WORKERS:
+            raise ValueError(f"world_size must be an int in 1..{MAX_JOB_WORKERS}, not {world_size!r}")
         if not is_int(rank) or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank!r} is outside 0..{world_size - 1}")
         options = Options(

@@ -8,7 +8,7 @@
  * stores. The Python stream above still owns messages, futures and epoch changes; it hands segments in
  * and gets whole segments back.
  *
- * PacketEngine(fd, job_id, rank, epoch, slot_count, world_size, timeout_s, loss, duplicate, seed, gso, loss_burst)
+ * PacketEngine(fd, job_id, rank, epoch, slot_count, result_mask, timeout_s, loss, duplicate, seed, gso, loss_burst)
  *   .set_switch(host, port)          where results must come from, and where packets go
  *   .add(ident, first, raw, result)  a segment: raw = its packets' bytes, result = writable uint32 buffer
  *   .restart(epoch)                  everything starts over at position 0 (the window and RTT stay)
@@ -46,9 +46,9 @@ static int idle(PacketEngine *e)
 
 static int PacketEngine_init(PacketEngine *e, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"fd", "job_id", "rank", "epoch", "slot_count", "world_size", "timeout_s",
+    static char *names[] = {"fd", "job_id", "rank", "epoch", "slot_count", "result_mask", "timeout_s",
                             "loss", "duplicate", "seed", "gso", "loss_burst", NULL};
-    unsigned job_id, rank, epoch, slot_count, world_size;
+    unsigned job_id, rank, epoch, slot_count, result_mask;
     unsigned long long seed;
     double timeout_s;
     int gso = 1;
@@ -56,20 +56,20 @@ static int PacketEngine_init(PacketEngine *e, PyObject *args, PyObject *kwargs)
         return -1;
     e->loss_burst = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iIIIIIdddK|pL", names, &e->fd, &job_id, &rank, &epoch,
-                                     &slot_count, &world_size, &timeout_s, &e->loss, &e->duplicate, &seed,
+                                     &slot_count, &result_mask, &timeout_s, &e->loss, &e->duplicate, &seed,
                                      &gso, &e->loss_burst))
         return -1;
     if (!engine_configured) {
         PyErr_SetString(PyExc_RuntimeError, "_engine.configure() was not called");
         return -1;
     }
-    unsigned most = (unsigned)engine_constants.max_workers;
     /* a send holds every packet of the window and one more, each possibly doubled by the impairment: that
        count, 2 * (slot_count + 1), must fit one udp_batch.c flush (checked here, before it is formed) */
     unsigned slots_max = UDP_RUNS_CAPACITY_MAX / 2 - 1;
-    if (slot_count < 1 || slot_count > slots_max || world_size < 1 || world_size > most || e->loss_burst < 1) {
-        PyErr_Format(PyExc_ValueError, "slot_count %u (1..%u: a window one send holds), world_size %u (1..%u) and "
-                     "loss_burst %lld (>= 1) are not all valid", slot_count, slots_max, world_size, most, e->loss_burst);
+    if (slot_count < 1 || slot_count > slots_max || result_mask == 0 || e->loss_burst < 1) {
+        PyErr_Format(PyExc_ValueError, "slot_count %u (1..%u: a window one send holds), result_mask %#x (not 0) "
+                     "and loss_burst %lld (>= 1) are not all valid", slot_count, slots_max, result_mask,
+                     e->loss_burst);
         return -1;
     }
     e->rng = seed;
@@ -83,7 +83,7 @@ static int PacketEngine_init(PacketEngine *e, PyObject *args, PyObject *kwargs)
     int32_t sends_max = 2 * ((int32_t)slot_count + 1);
     e->tx_iov = calloc((size_t)sends_max, sizeof(*e->tx_iov));
     if (e->tx_iov == NULL || udp_runs_init(&e->runs, sends_max, 0) < 0 ||
-        core_init(&e->core, job_id, rank, epoch, slot_count, world_size) < 0) {
+        core_init(&e->core, job_id, rank, epoch, slot_count, result_mask) < 0) {
         PyErr_NoMemory();
         return -1;
     }

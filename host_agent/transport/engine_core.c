@@ -41,9 +41,6 @@ PyObject *core_configure(PyObject *constants)  /* engine_io.py: SHARED_CONSTANTS
     if (k.receive_batch != RX_BATCH || k.receive_burst != RX_BURST)
         return PyErr_Format(PyExc_ValueError, "configure(): receive batch %d and burst %d, compiled %d and %d",
                             k.receive_batch, k.receive_burst, RX_BATCH, RX_BURST);
-    if (k.max_workers < 1 || k.max_workers > (int)(8 * sizeof(uint32_t)))
-        return PyErr_Format(PyExc_ValueError, "configure(): MAX_WORKERS %d does not fit a 32-bit bitmap",
-                            k.max_workers);
     engine_constants = k;
     engine_configured = 1;
     Py_RETURN_NONE;
@@ -70,12 +67,12 @@ static void reset_positions(Core *c)  /* PacketEngine._reset_positions */
     c->n_out = 0;
 }
 
-int core_init(Core *c, unsigned job_id, unsigned rank, unsigned epoch, unsigned slot_count, unsigned world)
+int core_init(Core *c, unsigned job_id, unsigned rank, unsigned epoch, unsigned slot_count, uint32_t result_mask)
 {
     core_free(c);
     memset(c, 0, sizeof(*c));
     c->job_id = job_id, c->rank = rank, c->epoch = epoch, c->slot_count = slot_count;
-    c->full_mask = (uint32_t)((UINT64_C(1) << world) - 1);
+    c->full_mask = result_mask;
     c->rto = engine_constants.initial_rto;
     c->wsize = min2((double)slot_count, engine_constants.initial_window);
     c->min_rtt = INFINITY;

@@ -22,7 +22,7 @@
  * engine_io.SHARED_CONSTANTS gives each, set by configure(): (C type, field, name). */
 #define ENGINE_CONSTANTS(X)                                                                               \
     X(Py_ssize_t, lanes, "LANES") X(Py_ssize_t, header_bytes, "HEADER_BYTES")                              \
-    X(Py_ssize_t, packet_bytes, "PACKET_BYTES") X(int, max_workers, "MAX_WORKERS")                          \
+    X(Py_ssize_t, packet_bytes, "PACKET_BYTES")                                                             \
     X(int, duplicate_threshold, "DUPLICATE_THRESHOLD") X(double, min_rto, "MIN_RTO_S")                      \
     X(double, max_rto, "MAX_RTO_S") X(double, initial_rto, "INITIAL_RTO_S")                                 \
     X(double, initial_window, "INITIAL_WINDOW") X(double, rto_floor_rtts, "RTO_FLOOR_RTTS")                 \
@@ -97,7 +97,7 @@ typedef struct {
 } Core;
 
 PyObject *core_configure(PyObject *constants);
-int core_init(Core *c, unsigned job_id, unsigned rank, unsigned epoch, unsigned slot_count, unsigned world);
+int core_init(Core *c, unsigned job_id, unsigned rank, unsigned epoch, unsigned slot_count, uint32_t result_mask);
 void core_free(Core *c);
 int core_add(Core *c, const Segment *segment);
 void core_restart(Core *c, unsigned epoch);

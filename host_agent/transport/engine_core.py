@@ -11,8 +11,9 @@ channel around it); ``engine_core.c`` is the same state machine in C, and ``_eng
 One ``step(now, datagrams)`` takes the results that arrived, then decides what leaves now, in this order:
 
 1. **Results.** A datagram counts only if it passes the host's checks (docs/protocol.md §5): from the
-   switch, a RESULT or RESULT_RETX of this job and epoch, for a position still waited for, with every
-   worker's bit. Its payload goes to the segment's buffer at the packet's offset.
+   switch, a RESULT or RESULT_RETX of this job and epoch, for a position still waited for, whose bitmap is
+   the job's result mask (every worker's bit on one switch, every leaf's over a fabric: a leaf sends up
+   only complete partials). Its payload goes to the segment's buffer at the packet's offset.
 2. **Fast retransmit.** Results come back in stream order (every worker sends in order, and the switch
    completes a round when its last packet arrives, so round p completes before round p + 1). Once a
    result for a later position is in (``DUPLICATE_THRESHOLD`` of them) while p's is not, p was lost on
@@ -43,7 +44,7 @@ Each loss also tells the window, which halves only when the delay says the path 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -113,13 +114,16 @@ class PacketEngine:
     """The reference engine; see the module docstring. Not thread-safe: the stream's I/O thread owns it."""
 
     who: StreamIdentity
-    world_size: int
+    #: The bitmap of every finished round's result (the join's ``JobInfo.result_mask``).
+    result_mask: int
     switch: tuple[str, int]
     timeout_s: float = 30.0
     stats: EngineStats = field(default_factory=EngineStats)
 
     def __post_init__(self) -> None:
-        self.full_mask = (1 << self.world_size) - 1
+        if not 0 < self.result_mask < 1 << 32:
+            raise ValueError(f"result_mask {self.result_mask:#x} must be a nonzero 32-bit mask")
+        self.full_mask = self.result_mask
         self.rtt = RoundTrip()
         self.window = Window(self.who.slot_count)
         self.stalled: Stalled | None = None
@@ -150,7 +154,7 @@ class PacketEngine:
 
     def restart(self, epoch: int) -> None:
         """Everything starts over at position 0 under ``epoch`` (the window and timer stay learned)."""
-        self.who = StreamIdentity(self.who.job_id, self.who.rank, epoch, self.who.slot_count)
+        self.who = replace(self.who, epoch=epoch)
         self._reset_positions()
 
     @property

@@ -21,6 +21,7 @@ import logging
 import os
 import select
 import time
+from dataclasses import replace
 from types import ModuleType
 
 from host_agent.transport.channel import Channel
@@ -61,8 +62,8 @@ def native_engine_available() -> bool:
 class ChannelEngine(PacketEngine):
     """The Python reference engine with its I/O: the channel's batched sends and receives."""
 
-    def __init__(self, who: StreamIdentity, world_size: int, channel: Channel, timeout_s: float) -> None:
-        super().__init__(who, world_size, channel.switch, timeout_s)
+    def __init__(self, who: StreamIdentity, result_mask: int, channel: Channel, timeout_s: float) -> None:
+        super().__init__(who, result_mask, channel.switch, timeout_s)
         self.channel = channel
         self._batch = ReceiveBatch(RECEIVE_BATCH, PACKET_BYTES + 1)  # + 1: a longer one is never whole
 
@@ -122,7 +123,7 @@ def _drain_wake(fd: int) -> None:
 class NativeEngine:
     """``_engine.PacketEngine`` (C) behind the reference engine's face."""
 
-    def __init__(self, who: StreamIdentity, world_size: int, channel: Channel | None, timeout_s: float,
+    def __init__(self, who: StreamIdentity, result_mask: int, channel: Channel | None, timeout_s: float,
                  gso: bool = True) -> None:
         self.who = who
         self.channel = channel
@@ -130,7 +131,7 @@ class NativeEngine:
         self._engine = _native.PacketEngine(
             fd=channel.fileno() if channel is not None else -1,
             job_id=who.job_id, rank=who.rank, epoch=who.epoch, slot_count=who.slot_count,
-            world_size=world_size, timeout_s=timeout_s,
+            result_mask=result_mask, timeout_s=timeout_s,
             loss=impairment.loss if impairment else 0.0,
             duplicate=impairment.duplicate if impairment else 0.0,
             seed=(impairment.seed or 0) if impairment else 0, gso=gso,
@@ -153,7 +154,7 @@ class NativeEngine:
         self._engine.add(ident, first, raw, result)
 
     def restart(self, epoch: int) -> None:
-        self.who = StreamIdentity(self.who.job_id, self.who.rank, epoch, self.who.slot_count)
+        self.who = replace(self.who, epoch=epoch)
         self._engine.restart(epoch)
 
     def step(self, now: float, datagrams: list, recover: bool = True
@@ -211,7 +212,7 @@ class _WindowView:
         self.packets = max(1, int(size))
 
 
-def make_engine(who: StreamIdentity, world_size: int, channel: Channel, timeout_s: float,
+def make_engine(who: StreamIdentity, result_mask: int, channel: Channel, timeout_s: float,
                 native: bool | None = None) -> ChannelEngine | NativeEngine:
     """``native`` True: the native engine (an error if it is not built); False: the Python reference over
     the channel; None: native where built, unless the channel was told to use Python I/O."""
@@ -222,14 +223,14 @@ def make_engine(who: StreamIdentity, world_size: int, channel: Channel, timeout_
         if _native is None:
             log.info("packet engine: the Python reference (host_agent/transport/_engine.c is not built)")
     if native:
-        return NativeEngine(who, world_size, channel, timeout_s)
-    return ChannelEngine(who, world_size, channel, timeout_s)
+        return NativeEngine(who, result_mask, channel, timeout_s)
+    return ChannelEngine(who, result_mask, channel, timeout_s)
 
 
 #: The constants the C engine must share with the reference (checked when the module loads).
 SHARED_CONSTANTS = {
     "LANES": c.LANES, "HEADER_BYTES": c.HEADER_BYTES, "PACKET_BYTES": PACKET_BYTES,
-    "MAX_WORKERS": c.MAX_WORKERS, "UDP_GSO_SEGMENTS": c.UDP_GSO_SEGMENTS,
+    "UDP_GSO_SEGMENTS": c.UDP_GSO_SEGMENTS,
     "UDP_GSO_REFUSALS": c.UDP_GSO_REFUSALS, "UDP_GSO_BYTES": c.UDP_GSO_BYTES,
     "DUPLICATE_THRESHOLD": DUPLICATE_THRESHOLD, "MIN_RTO_S": MIN_RTO_S, "MAX_RTO_S": MAX_RTO_S,
     "INITIAL_RTO_S": INITIAL_RTO_S, "INITIAL_WINDOW": INITIAL_WINDOW, "RTO_FLOOR_RTTS": RTO_FLOOR_RTTS,

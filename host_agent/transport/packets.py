@@ -31,12 +31,19 @@ def packet_count(words: int) -> int:
 
 @dataclass(frozen=True)
 class StreamIdentity:
-    """Who sends the stream: the fields every DATA packet of this worker carries."""
+    """Who sends the stream: the fields every DATA packet of this worker carries. ``rank`` is the job rank;
+    ``worker_id``, the wire's, is the rank within the worker's switch (its leaf; None: the job rank, as
+    on one switch: docs/switch.md, "Ranks per level")."""
 
     job_id: int
     rank: int
     epoch: int
     slot_count: int
+    worker_id: int | None = None
+
+    @property
+    def wire_id(self) -> int:
+        return self.rank if self.worker_id is None else self.worker_id
 
 
 def build_packets(words: np.ndarray, op: c.Op, first: int, who: StreamIdentity) -> np.ndarray:
@@ -50,7 +57,7 @@ def build_packets(words: np.ndarray, op: c.Op, first: int, who: StreamIdentity) 
         op=int(op),
         ver=(positions // who.slot_count) % c.SLOT_COPIES,
         flags=0,
-        worker_id=who.rank,
+        worker_id=who.wire_id,
         job_id=who.job_id,
         slot=positions % who.slot_count,
         epoch=who.epoch,

@@ -75,7 +75,9 @@ class PacketStream:
 
     def __init__(self, channel: Channel, who: StreamIdentity, world_size: int, *, timeout_s: float = 30.0,
                  diagnose: Diagnose | None = None, native: bool | None = None,
-                 deliver: Callable[[np.ndarray], object] = np.copy) -> None:
+                 deliver: Callable[[np.ndarray], object] = np.copy, result_mask: int | None = None) -> None:
+        """``result_mask``: the bitmap a result must carry (the join's ``JobInfo.result_mask``); None on one
+        switch, where it is every worker's bit."""
         self.channel = channel
         #: What a message's future holds, made from its aggregated words on the I/O thread: a copy by
         #: default; the switch backend's torch tensor, so that the future ``submit`` returns is the one its
@@ -85,7 +87,11 @@ class PacketStream:
         self.timeout_s = timeout_s
         self.diagnose = diagnose or (lambda what: (what, ()))
         #: The per-packet engine: native where ``_engine`` is built (``native`` None or True), else Python.
-        self.engine = make_engine(who, world_size, channel, timeout_s, native)
+        if result_mask is None:
+            if world_size > c.MAX_WORKERS:
+                raise ValueError(f"{world_size} workers span several switches: give the job's result_mask")
+            result_mask = (1 << world_size) - 1
+        self.engine = make_engine(who, result_mask, channel, timeout_s, native)
         self.bytes_per_s = 0.0  # goodput of recent messages, for mode auto
         self.epoch_changes = 0
         self._lock = threading.Lock()
@@ -235,7 +241,7 @@ class PacketStream:
             oldest = self._parked[0].index if self._parked else self._submitted_so_far()
         self._active = {}
         self.engine.restart(epoch)
-        lanes = np.zeros(c.LANES, np.int32)
+        lanes = np.zeros(self.world_size, np.int32)  # one word per job rank (several packets past LANES)
         lanes[self.who.rank] = oldest + 1
         self._syncing = _Message(-1, c.Op.ADD, lanes, None)
         self._lay_out(self._syncing)

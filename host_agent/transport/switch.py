@@ -86,7 +86,7 @@ class SwitchBackend(Backend):
                 )
             channel.switch = (joined.switch_ip, joined.switch_udp_port)
             installed = client.wait_installed(job, timeout=install_timeout_s)
-            joined = replace(joined, epoch=installed.epoch)
+            joined = replace(joined, epoch=installed.epoch, job=installed)
         except BaseException:
             channel.close()
             client.close()
@@ -131,9 +131,11 @@ class SwitchBackend(Backend):
         self._fallen_epoch = None
 
     def _new_stream(self, epoch: int, timeout_s: float) -> PacketStream:
-        who = StreamIdentity(self.joined.job_id, self.rank, epoch, self.joined.slot_count)
+        who = StreamIdentity(self.joined.job_id, self.rank, epoch, self.joined.slot_count,
+                             worker_id=_wire_id(self.joined))
         return PacketStream(self.channel, who, self.world_size, timeout_s=timeout_s, diagnose=self._diagnose,
-                            native=_engine_choice(self._engine), deliver=_tensor_copy)
+                            native=_engine_choice(self._engine), deliver=_tensor_copy,
+                            result_mask=self.joined.job.result_mask)
 
     def close(self) -> None:
         self.heartbeats.stop()
@@ -186,6 +188,16 @@ def _switches_said(info: pb.JobInfo) -> str:
     if not info.installed:
         return "the job is not installed on its switch(es) now; no worker is silent"
     return "silent workers: none known to the controller, and its switches answer"
+
+
+def _wire_id(joined: Joined) -> int:
+    """This worker's wire ``worker_id``: its rank within its switch, as the installed job names it (the
+    controller numbers a leaf's workers once every worker joined: docs/switch.md, "Ranks per level")."""
+    me = next((m for m in joined.job.members if m.rank == joined.rank), None)
+    if me is None or not joined.job.result_mask:
+        raise AggregationError(f"job {joined.job.name!r}: the controller named no wire identity for rank "
+                               f"{joined.rank} (a controller older than ranks per level?)")
+    return me.worker_id
 
 
 def _engine_choice(engine: str | None) -> bool | None:

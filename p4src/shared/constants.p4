@@ -5,6 +5,7 @@
 
 #define LHC_LANES 64
 #define LHC_MAX_WORKERS 32
+#define LHC_MAX_LEAVES 32
 #define LHC_MAX_SLOTS 4096
 #define LHC_SLOT_COPIES 2
 #define LHC_SLOT_CELLS 8192

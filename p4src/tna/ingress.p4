@@ -190,8 +190,8 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         hdr.lhc.bitmap = meta.old_bitmap | meta.worker_bit;
     }
 
-    // What the round's bitmap (this packet's bit included) means for the job: its full mask (the round is
-    // finished), or on a leaf its workers' mask (the copy awaits its parent). The controller writes one
+    // What the round's bitmap (this packet's bit included) means for the job: its result mask (the round
+    // is finished), or on a leaf its workers' mask (the copy awaits its parent). The controller writes one
     // entry per job, two on a leaf (lhc_ina.jobs.job_entries, target "tna"): the masks are per job.
     action round_is_full() {
         meta.finished = 1;

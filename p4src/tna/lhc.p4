@@ -6,9 +6,10 @@
 //     packet is of an older round, `round_start_cV` whether it starts one: a Tofino-1 stateful ALU has one
 //     output), one register per copy indexed by slot_base + slot; then `bitmaps` (per cell: the
 //     contributors, and whether a leaf's copy awaits its parent). A round is finished when its bitmap is
-//     the job's full mask (TNA admits only fan_in == the worker count), and a leaf's copy awaits its parent
-//     when the bitmap is the leaf's workers' mask: the controller's table `full_round`, keyed on (job,
-//     bitmap), tells both; there is no count-down register.
+//     the job's result mask (TNA admits only fan_in == the worker count; over two levels, one bit per leaf:
+//     docs/switch.md, "Ranks per level"), and a leaf's copy awaits its parent when the bitmap is the leaf's
+//     workers' mask: the controller's table `full_round`, keyed on (job, bitmap), tells both; there is no
+//     count-down register.
 //   - Two levels (docs/switch.md, "Two levels"): `uplinks` as in v1model; a result is taken only from the
 //     leaf's parent (address, UDP port and switch port, compared by XOR in `set_uplink`), stored in one
 //     pass by a copy that awaits exactly its round, and multicast. The partial goes up after the pass that

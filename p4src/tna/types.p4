@@ -64,7 +64,7 @@ struct lhc_ig_metadata_t {
     bit<32> starts;        // nonzero: it starts the copy's round: a fresh copy or a newer round
     bit<32> old_bitmap;    // this copy's bitmap before this packet (0 for the first of a round)
     bit<32> seen;          // old_bitmap & worker_bit: a repeat
-    bit<1>  finished;      // hdr.lhc.bitmap (old | this worker) is the job's full mask (full_round)
+    bit<1>  finished;      // hdr.lhc.bitmap (old | this worker) is the job's result mask (full_round)
     bit<1>  awaits;        // ... is a leaf's workers' mask: the copy awaits its parent (full_round)
     bit<8>  vmode;
     bit<8>  stat;

@@ -23,7 +23,10 @@ from .device import launch, next_pow2, read_back, sizes
 from .device_functions import cell_ids, hash_items, quantize, reduce_range
 
 #: Where the lead's words go (``agreement`` then ``quantize``'s header).
-CLAIMS_WORD = tl.constexpr(agreement.CLAIMS_WORD)
+DIGEST_LANES = tl.constexpr(agreement.DIGEST_LANES)
+LEAD_WORD = tl.constexpr(agreement.LEAD_WORD)
+PRESENCE_WORD = tl.constexpr(agreement.PRESENCE_WORD)
+COUNT_WORD = tl.constexpr(agreement.COUNT_WORD)
 ITEMS_WORD = tl.constexpr(agreement.ITEMS_WORD)
 AGREE_WORDS = tl.constexpr(agreement.AGREE_WORDS)
 NONFINITE_WORD = tl.constexpr(header.NONFINITE_WORD)
@@ -132,11 +135,15 @@ def _lead(stats, programs, out, rank, digest, bound, sketch, n_sketch, IS_FLOAT:
     k = tl.sum(count, axis=0)
     hi = tl.max(top, axis=0)
     lo = tl.min(low, axis=0)
-    tl.store(out + rank, digest)
-    tl.store(out + CLAIMS_WORD + rank // 2, (rank * 0 + 1) << (16 * (rank % 2)))
+    tl.store(out + rank % DIGEST_LANES, digest)
+    tl.store(out + LEAD_WORD, digest, mask=rank == 0)
+    unit = tl.cast(1, tl.uint32)
+    tl.store(out + PRESENCE_WORD + rank // 32, (unit << (rank % 32).to(tl.uint32)).to(tl.int32, bitcast=True))
+    tl.store(out + COUNT_WORD, (rank * 0 + 1).to(tl.int32))
     tl.store(out + ITEMS_WORD, (k & 0xFFFF).to(tl.int32))
     tl.store(out + ITEMS_WORD + 1, (k >> 16).to(tl.int32))
-    worker = (tl.cast(1, tl.uint32) << rank.to(tl.uint32)).to(tl.int32, bitcast=True)
+    worker = (unit << (rank % 32).to(tl.uint32)).to(tl.int32, bitcast=True)  # a flag's two words
+    worker_high = (unit << (rank // 32).to(tl.uint32)).to(tl.int32, bitcast=True)
     head = out + AGREE_WORDS
     if IS_FLOAT:
         finite = hi < NOT_FINITE_BITS
@@ -144,11 +151,13 @@ def _lead(stats, programs, out, rank, digest, bound, sketch, n_sketch, IS_FLOAT:
         one = (tl.cast(1, tl.uint32) << (field % 32).to(tl.uint32)).to(tl.int32, bitcast=True)
         tl.store(head + field // 32, one, mask=finite & (hi != 0))
         tl.store(head + NONFINITE_WORD, worker, mask=hi >= NOT_FINITE_BITS)
+        tl.store(head + NONFINITE_WORD + 1, worker_high, mask=hi >= NOT_FINITE_BITS)
         if hi >= NOT_FINITE_BITS:
             for at in range(0, n_sketch, ROWS):
                 tl.store(sketch + at + r, tl.zeros([ROWS], tl.int32), mask=at + r < n_sketch)
     else:
         tl.store(head + UNSCALABLE_WORD, worker, mask=(lo < -bound) | (hi > bound))
+        tl.store(head + UNSCALABLE_WORD + 1, worker_high, mask=(lo < -bound) | (hi > bound))
 
 
 def encode_lead(stats: torch.Tensor, out: torch.Tensor, rank: int, digest: int, world: int, is_float: bool,
