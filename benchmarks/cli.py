@@ -14,6 +14,7 @@ SUITES = {
     "codec": ("benchmarks.codec", "encode/decode speed and bytes on the wire vs memcpy and the info bound"),
     "switch": ("benchmarks.switch", "softswitch packets and aggregated words per second over UDP"),
     "aggregate": ("benchmarks.aggregate", "lhc against dense via softswitch and Gloo allreduce, W processes"),
+    "train": ("benchmarks.train", "NCF, LSTM, VGG19 or BERT-base trained with DDP, PowerSGD, dense, lhc"),
     "udp": ("benchmarks.udp", "datagrams per second through the worker's channel, batched or one at a time"),
 }
 
