@@ -3,7 +3,7 @@ of lhc (plain DDP, torch's PowerSGD hook), the in-network baseline (dense throug
 SwitchML/ATP aggregate) and lhc, exact and (for models with dense gradients) with top-k. A new way is one
 more entry here and, where it needs a hook of its own, one branch in ``benchmarks.train_hooks``.
 
-    python -m benchmarks.train_ways MODEL     # the ways a model runs, one name a line (mininet/run.py)
+    python -m benchmarks.train_ways MODEL     # the ways a model runs, "NAME HOOK" a line (mininet/run.py)
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", choices=sorted(MODELS))
     args = parser.parse_args(argv)
     for way in ways_for(build(args.model, "tiny").dense_gradients):
-        print(way.name)
+        print(way.name, way.hook)
     return 0
 
 
