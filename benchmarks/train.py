@@ -48,11 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON (no progress bars)")
 
 
-def worker_argv(args: argparse.Namespace, ways: list[str], rank: int, master: str, out: Path,
-                controller: str) -> list[str]:
-    """The command line of one rank, which trains every way in turn."""
+def worker_argv(args: argparse.Namespace, models: list[str], ways: list[str], rank: int, master: str,
+                out: Path, controller: str) -> list[str]:
+    """The command line of one rank, which trains every model every way in turn."""
     argv = [sys.executable, "-m", "benchmarks.train_worker", "--rank", str(rank), "--world",
-            str(args.workers), "--master", master, "--models", args.model, "--size", args.size,
+            str(args.workers), "--master", master, "--models", ",".join(models), "--size", args.size,
             "--ways", ",".join(ways), "--steps", str(args.steps), "--seed", str(args.seed),
             "--json-out", str(out), "--controller", controller, "--job-prefix", JOB_PREFIX]
     if args.resume_at is not None:
@@ -73,23 +73,29 @@ def chosen_ways(args: argparse.Namespace) -> list[str]:
     return asked
 
 
-def run_ways(args: argparse.Namespace, ways: list[str], controller: ControllerProcess,
-             scratch: Path) -> dict[str, list[dict]]:
-    """W worker processes that train every way in turn; per way, its ranks' results in rank order."""
-    jobs = [job_name(JOB_PREFIX, args.model, way) for way in ways if BY_NAME[way].hook == "lhc"]
+def run_ways(args: argparse.Namespace, models: list[str], ways: list[str], controller: ControllerProcess,
+             scratch: Path) -> dict[str, dict[str, list[dict]]]:
+    """``args.workers`` worker processes that train every model every way in turn (``args``: this
+    command's options, ``--model`` aside); per model and way, its ranks' results in rank order."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    jobs = [job_name(JOB_PREFIX, model, way) for model in models for way in ways
+            if BY_NAME[way].hook == "lhc"]
     for job in jobs:
         controller.client.create_job(job, workers=args.workers, slots=DEMO_SLOTS)
     master = f"127.0.0.1:{free_port()}"
     outs = [scratch / f"rank{rank}.json" for rank in range(args.workers)]
-    argvs = [worker_argv(args, ways, rank, master, outs[rank], controller.listen)
+    argvs = [worker_argv(args, models, ways, rank, master, outs[rank], controller.listen)
              for rank in range(args.workers)]
     try:
-        ranks = run_workers(argvs, outs, steps=args.steps * len(ways), desc=args.model, quiet=args.json)
+        ranks = run_workers(argvs, outs, steps=args.steps * len(models) * len(ways), desc=",".join(models),
+                            quiet=args.json)
     finally:
         for job in jobs:  # a job ends when its last worker leaves; after a failure it is deleted here
             with contextlib.suppress(ControllerError):
                 controller.client.delete_job(job)
-    return {way: [results[index] for results in ranks] for index, way in enumerate(ways)}
+    # the workers' order: every way of a model, model by model
+    return {model: {way: [results[m * len(ways) + w] for results in ranks] for w, way in enumerate(ways)}
+            for m, model in enumerate(models)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="lhc-train-") as tmp:
         scratch = Path(tmp)
         with SoftswitchProcess() as switch, ControllerProcess(switch, scratch / "controller") as controller:
-            runs = run_ways(args, ways, controller, scratch)
+            runs = run_ways(args, [args.model], ways, controller, scratch)[args.model]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(runs))

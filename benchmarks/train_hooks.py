@@ -30,6 +30,8 @@ class Measured:
     def __init__(self, hook: Callable, state: Any) -> None:
         self.hook, self.state = hook, state
         self.measuring = False
+        #: hand every bucket back as it is, untouched and uncounted (``WayHook.passing_through``)
+        self.passing = False
         #: bucket index -> (non-zero entries, entries) of this rank's gradient, where measured
         self.density: dict[int, tuple[int, int]] = {}
         self.elements = 0
@@ -38,6 +40,10 @@ class Measured:
 def measured_hook(state: Measured, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Count the bucket (its non-zeros on the measured step), then aggregate it the way's way."""
     buffer = bucket.buffer()
+    if state.passing:
+        done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        done.set_result(buffer)
+        return done
     state.elements += buffer.numel()
     if state.measuring:
         state.density[bucket.index()] = (int(torch.count_nonzero(buffer)), buffer.numel())
@@ -68,6 +74,11 @@ class WayHook:
     def attach(self, model: DistributedDataParallel) -> None:
         if self.measured is not None:
             model.register_comm_hook(self.measured, measured_hook)
+
+    def passing_through(self, on: bool) -> None:
+        """While ``on``, the hook aggregates nothing and leaves its state alone."""
+        if self.measured is not None:
+            self.measured.passing = on
 
     def measure(self, on: bool) -> None:
         """Count the non-zeros of the buckets of the coming step (``on``) or not."""
@@ -104,8 +115,8 @@ class WayHook:
         return {"lhc": state.state_dict()}
 
     def restore(self, saved: dict[str, Any]) -> None:
-        """A fresh hook state of the same kind, loaded from ``saved`` (as after a restart); the lhc
-        way keeps its agent, which stays joined to the job."""
+        """A fresh hook state of the same kind, loaded from ``saved`` (as after a restart), in place of
+        the registered hook's; the lhc way keeps its agent, which stays joined to the job."""
         if self.measured is None:
             return
         if self.way.hook == "powersgd":
@@ -117,7 +128,7 @@ class WayHook:
 
             state = LhcHookState(self.measured.state.agent, topk_ratio=self.way.topk_ratio)
             state.load_state_dict(saved["lhc"])
-        self.measured = Measured(self.measured.hook, state)
+        self.measured.state = state  # the registered hook's
 
     def close(self) -> None:
         if self.measured is not None and self.way.hook == "lhc":

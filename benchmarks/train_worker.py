@@ -97,8 +97,16 @@ class Trainer:
         self.hook.attach(self.model)
         self.optimizer = self.workload.optimizer(self.model)
 
-    def resume(self) -> None:
-        """Save everything that decides the next steps, then continue from fresh objects loaded from it."""
+    def resume(self, batch: tuple[torch.Tensor, ...]) -> None:
+        """Save everything that decides the next steps, then continue from fresh objects loaded from it.
+
+        A hook's state that is one flat tensor per bucket (PowerSGD's error feedback and warm-started
+        matrices, top-k's residuals) holds only in the bucket layout it was saved in: DDP lays a new
+        model's buckets out in reverse registration order and, after its first backward, again in the
+        order the gradients came. So the fresh model takes one backward of ``batch`` with the hook passing
+        buckets through untouched (DDP then rebuilds its layout at the next forward) before the hook's
+        state and the checkpoint's weights are loaded; without it the states above land on the wrong
+        elements once after a restart."""
         buffer = io.BytesIO()
         torch.save({"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                     "hook": self.hook.state_dict()}, buffer)
@@ -106,8 +114,12 @@ class Trainer:
         saved = torch.load(buffer, weights_only=False)
         module = build(self.name, self.args.size, self.args.seed + 1).module  # other weights...
         module.load_state_dict(saved["model"])  # ...replaced by the checkpoint's
-        self.hook.restore(saved["hook"])
         self._wrap(module)
+        self.hook.passing_through(True)
+        self.workload.loss(self.model, batch).backward()
+        self.hook.passing_through(False)
+        module.load_state_dict(saved["model"])  # the layout's backward moved batch norm's statistics
+        self.hook.restore(saved["hook"])
         self.optimizer.load_state_dict(saved["optimizer"])
 
     def step(self, batch: tuple[torch.Tensor, ...]) -> float:
@@ -125,9 +137,9 @@ def train(args: argparse.Namespace, model: str, way: str) -> dict:
     parameters = trainer.workload.parameters()
     losses, step_s, costs = [], [], []
     for step in range(args.steps):
-        if step == args.resume_at:
-            trainer.resume()
         batch = trainer.workload.batch(args.rank, step)
+        if step == args.resume_at:
+            trainer.resume(batch)
         trainer.hook.measure(step == min(DENSITY_STEP, args.steps - 1))
         started = time.perf_counter()
         losses.append(trainer.step(batch))
