@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.models import MODELS, build
+from benchmarks.models import MODELS, build, check
 from benchmarks.models.workload import SIZES
 from benchmarks.train_summary import summarize
 from benchmarks.train_ways import BY_NAME, ways_for
@@ -35,7 +35,8 @@ JOB_PREFIX = "train"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), required=True)
-    parser.add_argument("--size", choices=SIZES, default="full", help="(%(default)s)")
+    parser.add_argument("--size", choices=SIZES, default="full",
+                        help="small: BERT only, BERT-mini's layers (%(default)s)")
     parser.add_argument("--tiny", action="store_const", const="tiny", dest="size", help="--size tiny")
     parser.add_argument("--workers", type=int, default=4, help="worker processes (%(default)s)")
     parser.add_argument("--steps", type=int, default=6,
@@ -103,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--workers must be in 2..32")
     if args.steps < 1:
         raise SystemExit("--steps must be at least 1")
+    try:
+        check(args.model, args.size)
+    except ValueError as error:
+        raise SystemExit(f"--size: {error}") from None
     ways = chosen_ways(args)
     with tempfile.TemporaryDirectory(prefix="lhc-train-") as tmp:
         scratch = Path(tmp)

@@ -43,6 +43,14 @@ def test_the_full_configurations_are_the_papers() -> None:
     assert counts == FULL_PARAMETERS
 
 
+def test_a_size_a_model_lacks_is_refused_by_name() -> None:
+    assert build("bert", "small").parameters() == 11_103_290
+    with pytest.raises(ValueError, match="ncf has no size 'small'"):
+        build("ncf", "small")
+    with pytest.raises(ValueError, match="unknown model 'resnet'"):
+        build("resnet", "tiny")
+
+
 def test_top_k_is_offered_for_the_dense_models_only() -> None:
     dense = {name for name in MODELS if build(name, "tiny").dense_gradients}
     assert dense == {"vgg19", "bert"}

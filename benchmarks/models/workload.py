@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-SIZES = ("tiny", "full")
+#: "small" only where a model defines it (BERT: the emulation's size)
+SIZES = ("tiny", "small", "full")
 #: The batch generator's seed for (seed, rank, step); ranks of a run lie below this.
 _MAX_RANKS = 1024
 
