@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,6 +28,8 @@ from benchmarks.models import MODELS, build
 from benchmarks.models.workload import SIZES, Workload
 from benchmarks.train_hooks import BYTES_PER_ELEMENT, WayHook
 from benchmarks.train_ways import BY_NAME, Way
+from benchmarks.udp import comma_choices
+from lhc_demo.worker import in_gloo_group
 
 #: The step whose buckets are counted for density: after DDP's bucket rebuild at the end of step 0.
 DENSITY_STEP = 1
@@ -41,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--master", required=True, help="HOST:PORT of rank 0's Gloo rendezvous")
-    parser.add_argument("--models", type=_names(MODELS), required=True, help="comma-separated")
+    parser.add_argument("--models", type=comma_choices(tuple(MODELS)), required=True, help="comma-separated")
     parser.add_argument("--size", choices=SIZES, default="full")
-    parser.add_argument("--ways", type=_names(BY_NAME), required=True, help="comma-separated")
+    parser.add_argument("--ways", type=comma_choices(tuple(BY_NAME)), required=True, help="comma-separated")
     parser.add_argument("--controller", help="the lhc controller's job service (the switch's ways)")
     parser.add_argument("--job-prefix", default="train", help="the switch's jobs' names: see job_name")
     parser.add_argument("--ip", default="127.0.0.1", help="this worker's data-plane IPv4 (%(default)s)")
@@ -55,17 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json-out", type=Path, required=True)
     parser.add_argument("--progress", action="store_true", help="print one line per finished step")
     return parser
-
-
-def _names(known: dict) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        names = text.split(",")
-        unknown = [name for name in names if name not in known]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(known)}")
-        return names
-
-    return parse
 
 
 def job_name(prefix: str, model: str, way: str) -> str:
@@ -165,22 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.steps < 1:
         raise SystemExit("--steps must be at least 1")
-    host, _, port = args.master.rpartition(":")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the Mininet runner names the host's interface
-    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=args.rank,
-                            world_size=args.world)
     torch.set_num_threads(1)
-    try:
+
+    def every_way() -> list[dict]:
         results = []
         for model in args.models:
             for way in args.ways:
                 results.append(train(args, model, way))
-                # every rank done before the next way starts, and before rank 0, which serves the
-                # rendezvous, tears the group down
-                dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    args.json_out.write_text(json.dumps(results))
+                dist.barrier()  # every rank done before the next way starts
+        return results
+
+    args.json_out.write_text(json.dumps(in_gloo_group(args.master, args.rank, args.world, every_way)))
     return 0
 
 

@@ -20,6 +20,7 @@ import multiprocessing
 import select
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks.aggregate import _bounded
@@ -34,7 +35,8 @@ LOOPBACK = ("127.0.0.1", 0)
 ROUND_TIMEOUT_S = 1.0
 
 
-def _choices(options: tuple[str, ...]):
+def comma_choices(options: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of ``options``, an unknown one refused by name."""
     def parse(text: str) -> list[str]:
         chosen = text.split(",")
         unknown = [v for v in chosen if v not in options]
@@ -57,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="datagram bytes (default %(default)s, one lhc packet)")
     parser.add_argument("--batch", type=_bounded(1, MAX_BATCH), default=64,
                         help="datagrams per batch and per echo round (default %(default)s)")
-    parser.add_argument("--ways", type=_choices(WAYS), default=list(WAYS),
+    parser.add_argument("--ways", type=comma_choices(WAYS), default=list(WAYS),
                         help=f"comma-separated among {', '.join(WAYS)} (default all)")
-    parser.add_argument("--tests", type=_choices(TESTS), default=list(TESTS),
+    parser.add_argument("--tests", type=comma_choices(TESTS), default=list(TESTS),
                         help=f"comma-separated among {', '.join(TESTS)} (default all)")
     parser.add_argument("--json", action="store_true", help="JSON lines only (the default output too)")
 
