@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks import figures
+from benchmarks.models import MODELS
 from benchmarks.train_ways import BY_NAME
 from lhc_demo.summary import WARMUP_STEPS, bytes_per_step, mean_losses, step_time
 
@@ -90,15 +91,17 @@ def plot(summaries: list[dict], path: Path) -> None:
     """Speedup over DDP against link rate: one panel per model, one line per way (``bw_mbit`` 0 is
     unshaped, drawn rightmost)."""
     plt = figures.pyplot()
-    models = list(dict.fromkeys(s["model"] for s in summaries))
+    present = {s["model"] for s in summaries}
+    models = [name for name in MODELS if name in present]
+    # one x position per link rate of any panel, unshaped rightmost
+    rates = sorted({s.get("bw_mbit") or 0.0 for s in summaries}, key=lambda bw: bw or float("inf"))
+    labels = [_rate_label(bw) for bw in rates]
     figure, panels = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.8), squeeze=False)
     for axes, model in zip(panels[0], models, strict=True):
-        runs = sorted((s for s in summaries if s["model"] == model),
-                      key=lambda s: s.get("bw_mbit") or float("inf"))
-        labels = [_rate_label(s.get("bw_mbit", 0)) for s in runs]
+        runs = [s for s in summaries if s["model"] == model]
         for way in BY_NAME:
-            points = [(i, row["speedup_vs_ddp"]) for i, s in enumerate(runs) for row in s["ways"]
-                      if row["way"] == way]
+            points = sorted((rates.index(s.get("bw_mbit") or 0.0), row["speedup_vs_ddp"]) for s in runs
+                            for row in s["ways"] if row["way"] == way)
             if points:
                 axes.plot(*zip(*points, strict=True), marker="o", color=COLORS[way],
                           label=way + (" (lossy)" if BY_NAME[way].lossy else ""))
