@@ -31,6 +31,9 @@ from lhc_launch.processes import ControllerProcess, SoftswitchProcess
 
 #: the switch's jobs are JOB_PREFIX-MODEL-WAY
 JOB_PREFIX = "train"
+#: Every job is created before the workers start, and they run the ways in turn: a later way's job waits
+#: for the earlier ways (BERT-base's first two took more than the controller's default 120 s).
+JOIN_TIMEOUT_S = 4 * 3600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +85,8 @@ def run_ways(args: argparse.Namespace, models: list[str], ways: list[str], contr
     jobs = [job_name(JOB_PREFIX, model, way) for model in models for way in ways
             if BY_NAME[way].hook == "lhc"]
     for job in jobs:
-        controller.client.create_job(job, workers=args.workers, slots=DEMO_SLOTS)
+        controller.client.create_job(job, workers=args.workers, slots=DEMO_SLOTS,
+                                     join_timeout_s=JOIN_TIMEOUT_S)
     master = f"127.0.0.1:{free_port()}"
     outs = [scratch / f"rank{rank}.json" for rank in range(args.workers)]
     argvs = [worker_argv(args, models, ways, rank, master, outs[rank], controller.listen)
