@@ -227,16 +227,12 @@ def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: st
         procs = []
         for index, host in enumerate(cluster.hosts, start=1):
             out = scratch / f"{run}-{index - 1}.json"
-            if args.model:
-                argv = model_train.worker_argv(args, run, index - 1, master, out, topo.host_ip(index),
-                                               host.name, controller)
-            else:
-                argv = [args.python, "-m", "lhc_demo.worker", "--rank", str(index - 1), "--world",
-                        str(args.workers), "--master", master, "--run", run, "--steps", str(args.steps),
-                        "--json-out", str(out), "--ip", topo.host_ip(index), "--host", host.name,
-                        "--users", str(args.users), "--items", str(args.items)]
-            if through_switch and not args.model:
-                argv += ["--controller", controller, "--job", job]
+            argv = model_train.worker_argv(args, run, index - 1, master, out, topo.host_ip(index), host.name,
+                                           controller) if args.model else [
+                args.python, "-m", "lhc_demo.worker", "--rank", str(index - 1), "--world", str(args.workers),
+                "--master", master, "--run", run, "--steps", str(args.steps), "--json-out", str(out), "--ip",
+                topo.host_ip(index), "--host", host.name, "--users", str(args.users), "--items",
+                str(args.items), *(["--controller", controller, "--job", job] if through_switch else [])]
             env = _env(GLOO_SOCKET_IFNAME=f"{host.name}-eth0",
                        **({"LHC_TOKEN_FILE": str(credential)} if credential else {}))
             proc = host.popen(argv, cwd=str(REPO), env=env,
@@ -378,10 +374,8 @@ def main(argv: list[str] | None = None) -> int:
                     extra["dropped_frames"] = topo.dropped(cluster)
                 if probe is not None:
                     extra["leaf_spine_links"] = probe.runs
-                if args.model:
-                    print(json.dumps(model_train.summarize(args, runs, extra, _env(), REPO)))
-                else:
-                    print(json.dumps(summarize(args, runs, extra)))
+                print(json.dumps(model_train.summarize(args, runs, extra, _env(), REPO) if args.model
+                                 else summarize(args, runs, extra)))
             else:
                 for row in run_bench(args, cluster, controller, scratch, procs, probe):
                     print(json.dumps({**row, **extra}))
