@@ -24,11 +24,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from benchmarks.cli import comma_choices
 from benchmarks.models import MODELS, build
 from benchmarks.models.workload import SIZES, Workload
 from benchmarks.train_hooks import BYTES_PER_ELEMENT, WayHook
 from benchmarks.train_ways import BY_NAME, Way
-from benchmarks.udp import comma_choices
 from lhc_demo.worker import in_gloo_group
 
 #: The step whose buckets are counted for density: after DDP's bucket rebuild at the end of step 0.

@@ -20,10 +20,10 @@ import multiprocessing
 import select
 import socket
 import time
-from collections.abc import Callable
 from typing import Any
 
 from benchmarks.aggregate import _bounded
+from benchmarks.cli import comma_choices
 from host_agent.transport.channel import Channel
 from host_agent.transport.packets import PACKET_BYTES
 from lhc_ina.udp import MAX_BATCH, ReceiveBatch, native_udp_available
@@ -33,17 +33,6 @@ TESTS = ("send", "echo")
 LOOPBACK = ("127.0.0.1", 0)
 #: An echo round that has not come back whole after this long counts its missing datagrams as lost.
 ROUND_TIMEOUT_S = 1.0
-
-
-def comma_choices(options: tuple[str, ...]) -> Callable[[str], list[str]]:
-    """An argparse type: a comma-separated list of ``options``, an unknown one refused by name."""
-    def parse(text: str) -> list[str]:
-        chosen = text.split(",")
-        unknown = [v for v in chosen if v not in options]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(options)}")
-        return chosen
-    return parse
 
 
 def _seconds(text: str) -> float:

@@ -97,15 +97,25 @@ def controller(tmp_path_factory: pytest.TempPathFactory):
         yield running
 
 
+#: the ways the straight run trains every tiny model; the checkpoint test resumes the last two
+WAYS = ["dense", "lhc", "powersgd", "lhc_topk"]
+STEPS, RESUME_AT = 5, 3
+
+
+@pytest.fixture(scope="module")
+def straight(controller, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """2 workers, 5 uninterrupted steps of every tiny model every way of ``WAYS`` (one set of processes)."""
+    folder = tmp_path_factory.mktemp("run")
+    return train.run_ways(_args(steps=STEPS), sorted(MODELS), WAYS, controller, folder)
+
+
 @pytest.mark.slow
-def test_every_tiny_model_trains_through_softswitch_as_dense_bit_for_bit(controller, tmp_path: Path) -> None:
-    """2 workers, 2 steps of each tiny model, dense through the switch and lhc auto: the same losses on
-    every rank and step, bit for bit; the lhc run measured its gradient's density."""
-    runs = train.run_ways(_args(steps=2), sorted(MODELS), ["dense", "lhc"], controller,
-                          tmp_path)
-    for name, ways in runs.items():
+def test_every_tiny_model_trains_through_softswitch_as_dense_bit_for_bit(straight: dict) -> None:
+    """lhc auto's losses equal dense-through-the-switch's on every rank and step, bit for bit, for each
+    tiny model; the lhc run measured its gradient's density."""
+    for name, ways in straight.items():
         assert [r["losses"] for r in ways["lhc"]] == [r["losses"] for r in ways["dense"]], name
-        assert all(len(r["losses"][0]) == 2 for r in ways["lhc"])
+        assert all(len(r["losses"][0]) == STEPS for r in ways["lhc"])
         assert ways["lhc"][0]["modes"] and ways["dense"][0]["modes"] == ["dense"], name
         result = summarize(ways)
         assert result["lhc_losses_equal_dense"] is True
@@ -113,13 +123,12 @@ def test_every_tiny_model_trains_through_softswitch_as_dense_bit_for_bit(control
 
 
 @pytest.mark.slow
-def test_powersgd_and_top_k_states_survive_a_checkpoint(controller, tmp_path: Path) -> None:
-    """VGG19 tiny, 2 workers, 5 steps: a run that checkpoints before step 3 (PowerSGD compressing since
-    step 2, with its error feedback and warm-started matrices; top-k's residuals) and continues from fresh
-    objects loaded from the checkpoint gives the uninterrupted run's losses bit for bit."""
+def test_powersgd_and_top_k_states_survive_a_checkpoint(controller, straight: dict, tmp_path: Path) -> None:
+    """VGG19 tiny: a run that checkpoints before step 3 (PowerSGD compressing since step 2, with its error
+    feedback and warm-started matrices; top-k's residuals) and continues from fresh objects loaded from the
+    checkpoint gives the uninterrupted run's losses bit for bit (step 4's would show a state lost)."""
     ways = ["powersgd", "lhc_topk"]
-    straight = train.run_ways(_args(steps=5), ["vgg19"], ways, controller, tmp_path / "straight")
-    resumed = train.run_ways(_args(steps=5, resume_at=3), ["vgg19"], ways, controller, tmp_path / "resumed")
+    resumed = train.run_ways(_args(steps=STEPS, resume_at=RESUME_AT), ["vgg19"], ways, controller, tmp_path)
     for way in ways:
         assert BY_NAME[way].lossy
         losses = [r["losses"] for r in resumed["vgg19"][way]]
