@@ -115,6 +115,7 @@ p4-p4info: p4-v1model
 
 # Emulation (root, Mininet: `make system-deps`): the demo's training in a 4-host star on 20 Mbit/s links,
 # DDP allreduce against lhc through softswitch; and a short run through BMv2 where it is installed.
+# One of the paper's models every way lhc-bench train runs it: EMULATE_ARGS='--model vgg19 --bw 1000 --steps 4'.
 EMULATE_ARGS ?=
 emulate-train: venv
 	/usr/bin/python3 mininet/run.py --workers 4 --bw 20 --steps 10 $(EMULATE_ARGS)

@@ -9,13 +9,26 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 
 SUITES = {
     "codec": ("benchmarks.codec", "encode/decode speed and bytes on the wire vs memcpy and the info bound"),
     "switch": ("benchmarks.switch", "softswitch packets and aggregated words per second over UDP"),
     "aggregate": ("benchmarks.aggregate", "lhc against dense via softswitch and Gloo allreduce, W processes"),
+    "train": ("benchmarks.train", "NCF, LSTM, VGG19 or BERT-base trained with DDP, PowerSGD, dense, lhc"),
     "udp": ("benchmarks.udp", "datagrams per second through the worker's channel, batched or one at a time"),
 }
+
+
+def comma_choices(options: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of ``options``, an unknown one refused by name."""
+    def parse(text: str) -> list[str]:
+        chosen = text.split(",")
+        unknown = [v for v in chosen if v not in options]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(options)}")
+        return chosen
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from benchmarks.aggregate import _bounded
+from benchmarks.cli import comma_choices
 from host_agent.transport.channel import Channel
 from host_agent.transport.packets import PACKET_BYTES
 from lhc_ina.udp import MAX_BATCH, ReceiveBatch, native_udp_available
@@ -32,16 +33,6 @@ TESTS = ("send", "echo")
 LOOPBACK = ("127.0.0.1", 0)
 #: An echo round that has not come back whole after this long counts its missing datagrams as lost.
 ROUND_TIMEOUT_S = 1.0
-
-
-def _choices(options: tuple[str, ...]):
-    def parse(text: str) -> list[str]:
-        chosen = text.split(",")
-        unknown = [v for v in chosen if v not in options]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(options)}")
-        return chosen
-    return parse
 
 
 def _seconds(text: str) -> float:
@@ -57,9 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="datagram bytes (default %(default)s, one lhc packet)")
     parser.add_argument("--batch", type=_bounded(1, MAX_BATCH), default=64,
                         help="datagrams per batch and per echo round (default %(default)s)")
-    parser.add_argument("--ways", type=_choices(WAYS), default=list(WAYS),
+    parser.add_argument("--ways", type=comma_choices(WAYS), default=list(WAYS),
                         help=f"comma-separated among {', '.join(WAYS)} (default all)")
-    parser.add_argument("--tests", type=_choices(TESTS), default=list(TESTS),
+    parser.add_argument("--tests", type=comma_choices(TESTS), default=list(TESTS),
                         help=f"comma-separated among {', '.join(TESTS)} (default all)")
     parser.add_argument("--json", action="store_true", help="JSON lines only (the default output too)")
 

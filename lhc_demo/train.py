@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -105,6 +106,38 @@ class SwitchFault:
         self.switch.restart(crash=True)
 
 
+def run_workers(argvs: list[list[str]], outs: list[Path], *, steps: int, desc: str, quiet: bool,
+                timeout_s: float = RUN_TIMEOUT_S, on_step: Callable[[str], None] | None = None) -> list[dict]:
+    """Start one worker process per argv (rank 0 prints a line per step: the progress bar, and ``on_step``
+    hears each such line), wait for all,
+    and return their JSON results in rank order; a failed worker raises with the tail of its stderr (kept
+    in a file beside its result, so that a chatty worker never blocks on a full pipe)."""
+    logs = [out.with_suffix(".log") for out in outs]
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                         stderr=logs[rank].open("w"), text=True)
+        for rank, argv in enumerate(argvs)
+    ]
+    try:
+        with tqdm(total=steps, desc=desc, unit="step", disable=quiet, leave=False) as bar:
+            for line in procs[0].stdout:
+                if line.startswith("step "):
+                    bar.update(1)
+                    if on_step is not None:
+                        on_step(line)
+        codes = [proc.wait(timeout=timeout_s) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    failed = [rank for rank, code in enumerate(codes) if code != 0]
+    if failed:
+        tail = logs[failed[0]].read_text().strip().splitlines()[-15:]
+        raise RuntimeError(f"{desc}: worker(s) {failed} failed (exit codes {codes}); rank "
+                           f"{failed[0]} said:\n" + "\n".join(tail))
+    return [json.loads(out.read_text()) for out in outs]
+
+
 def run_once(args: argparse.Namespace, run: str, controller: ControllerProcess, scratch: Path,
              fault: SwitchFault | None = None) -> list[dict]:
     """One run: W worker processes, their JSON results in rank order."""
@@ -112,37 +145,17 @@ def run_once(args: argparse.Namespace, run: str, controller: ControllerProcess, 
     if run != "ddp":
         job = f"demo-{run}"
         controller.client.create_job(job, workers=args.workers, slots=DEMO_SLOTS)
-    master = f"127.0.0.1:{_free_port()}"
+    master = f"127.0.0.1:{free_port()}"
     outs = [scratch / f"{run}-{rank}.json" for rank in range(args.workers)]
-    procs = [
-        subprocess.Popen(
-            _worker_argv(args, run, rank, master, job, controller.listen, outs[rank]),
-            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-        for rank in range(args.workers)
-    ]
+    argvs = [_worker_argv(args, run, rank, master, job, controller.listen, outs[rank])
+             for rank in range(args.workers)]
     try:
-        with tqdm(total=args.steps, desc=run, unit="step", disable=args.json, leave=False) as bar:
-            for line in procs[0].stdout:  # rank 0 prints one line per finished step
-                if line.startswith("step "):
-                    bar.update(1)
-                    if fault is not None:
-                        fault.step_done(run, line)
-        errors = [proc.communicate(timeout=RUN_TIMEOUT_S)[1] for proc in procs]
-        codes = [proc.returncode for proc in procs]
+        on_step = None if fault is None else lambda line: fault.step_done(run, line)
+        return run_workers(argvs, outs, steps=args.steps, desc=f"run {run}", quiet=args.json, on_step=on_step)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
         if job:  # the job ends when its last worker leaves; after a failure it is deleted here
             with contextlib.suppress(ControllerError):
                 controller.client.delete_job(job)
-    failed = [rank for rank, code in enumerate(codes) if code != 0]
-    if failed:
-        tail = errors[failed[0]].strip().splitlines()[-15:]
-        raise RuntimeError(f"run {run}: worker(s) {failed} failed (exit codes {codes}); rank "
-                           f"{failed[0]} said:\n" + "\n".join(tail))
-    return [json.loads(out.read_text()) for out in outs]
 
 
 def _print_table(runs: dict[str, list[dict]]) -> None:

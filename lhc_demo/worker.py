@@ -14,7 +14,9 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -24,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from lhc_demo.metrics import roc_auc
 from lhc_demo.recsys import DemoConfig, Recommender, SyntheticClicks, make_optimizer
 
+T = TypeVar("T")
 RUNS = ("ddp", "dense", "lhc")
 #: The hook's codec mode per run: dense aggregation through the switch is the SwitchML/ATP baseline.
 HOOK_MODES = {"dense": "dense", "lhc": "auto"}
@@ -144,21 +147,26 @@ def train(args: argparse.Namespace) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    host, _, port = args.master.rpartition(":")
+def in_gloo_group(master: str, rank: int, world: int, work: Callable[[], T]) -> T:
+    """``work()`` as rank ``rank`` of a Gloo group of ``world`` whose rendezvous is ``master``
+    (HOST:PORT), torn down after every rank is done."""
+    host, _, port = master.rpartition(":")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the Mininet runner names the host's interface
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{host}:{port}", rank=args.rank, world_size=args.world
-    )
+    dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=world)
     try:
-        result = train(args)
+        result = work()
         # Every rank done before any tears the group down: rank 0 also serves the rendezvous store, and
         # once (a clean-clone `make test`) it aborted at the end of the plain DDP run with "terminate
         # called without an active exception", the other rank still leaving.
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result = in_gloo_group(args.master, args.rank, args.world, lambda: train(args))
     args.json_out.write_text(json.dumps(result))
     return 0
 

@@ -1,6 +1,7 @@
 """Run the training demo (or the aggregation benchmark) inside a Mininet star and report JSON.
 
     sudo /usr/bin/python3 mininet/run.py --workers 4 --bw 20 --workload train --steps 10 [--loss 1]
+    sudo /usr/bin/python3 mininet/run.py --workers 4 --bw 1000 --model vgg19 --steps 5
     sudo /usr/bin/python3 mininet/run.py --workers 2 --workload bench --length 200000
     sudo /usr/bin/python3 mininet/run.py --topology leafspine --workers 8 --bw 20 --steps 10
 
@@ -39,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import model_train
 import topo
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one switch, or two leaves of W/2 hosts and a spine (%(default)s)")
     parser.add_argument("--workload", choices=("train", "bench"), default="train")
     parser.add_argument("--steps", type=int, default=10, help="training steps per run (%(default)s)")
+    parser.add_argument("--model", choices=("ncf", "lstm", "vgg19", "bert"),
+                        help="train: this model of benchmarks/models every way lhc-bench train does, "
+                             "instead of the demo's three runs")
+    parser.add_argument("--size", choices=("tiny", "small", "full"), default="full",
+                        help="--model's; small: BERT only (%(default)s)")
     parser.add_argument("--users", type=int, default=20_000, help="train: user embedding rows (%(default)s)")
     parser.add_argument("--items", type=int, default=20_000, help="train: item embedding rows (%(default)s)")
     parser.add_argument("--length", type=int, default=200_000, help="bench: bucket length (%(default)s)")
@@ -207,22 +214,25 @@ def create_job(args: argparse.Namespace, controller: str, scratch: Path, job: st
 
 def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: str, scratch: Path,
                  started: Processes, probe: LinkProbe | None = None) -> dict:
+    """The demo's three runs, or with ``--model`` the model's ways (``model_train``): per run, W workers
+    in the hosts, their results in rank order."""
+    plan = model_train.plan(args, _env(), REPO) if args.model else [(run, run != "ddp") for run in RUNS]
     runs = {}
-    for run in RUNS:
+    for run, through_switch in plan:
         if probe is not None:
             probe.start()
-        job = f"train-{run}"
-        credential = create_job(args, controller, scratch, job) if run != "ddp" else None
+        job = model_train.job(args, run) if args.model else f"train-{run}"
+        credential = create_job(args, controller, scratch, job) if through_switch else None
         master = f"{topo.host_ip(1)}:29500"
         procs = []
         for index, host in enumerate(cluster.hosts, start=1):
             out = scratch / f"{run}-{index - 1}.json"
-            argv = [args.python, "-m", "lhc_demo.worker", "--rank", str(index - 1), "--world",
-                    str(args.workers), "--master", master, "--run", run, "--steps", str(args.steps),
-                    "--json-out", str(out), "--ip", topo.host_ip(index), "--host", host.name,
-                    "--users", str(args.users), "--items", str(args.items)]
-            if run != "ddp":
-                argv += ["--controller", controller, "--job", job]
+            argv = model_train.worker_argv(args, run, index - 1, master, out, topo.host_ip(index), host.name,
+                                           controller) if args.model else [
+                args.python, "-m", "lhc_demo.worker", "--rank", str(index - 1), "--world", str(args.workers),
+                "--master", master, "--run", run, "--steps", str(args.steps), "--json-out", str(out), "--ip",
+                topo.host_ip(index), "--host", host.name, "--users", str(args.users), "--items",
+                str(args.items), *(["--controller", controller, "--job", job] if through_switch else [])]
             env = _env(GLOO_SOCKET_IFNAME=f"{host.name}-eth0",
                        **({"LHC_TOKEN_FILE": str(credential)} if credential else {}))
             proc = host.popen(argv, cwd=str(REPO), env=env,
@@ -235,7 +245,9 @@ def run_training(args: argparse.Namespace, cluster: topo.Cluster, controller: st
                 failed.append(f"rank {rank}: {err[-1500:]}")
         if failed:
             raise RuntimeError(f"run {run} failed:\n" + "\n".join(failed))
-        runs[run] = [json.loads(out.read_text()) for _, out in procs]
+        # a model's worker writes a list of (model, way) results: here one
+        runs[run] = [json.loads(out.read_text())[0] if args.model else json.loads(out.read_text())
+                     for _, out in procs]
         if probe is not None:
             probe.stop(run)
     return runs
@@ -362,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
                     extra["dropped_frames"] = topo.dropped(cluster)
                 if probe is not None:
                     extra["leaf_spine_links"] = probe.runs
-                print(json.dumps(summarize(args, runs, extra)))
+                print(json.dumps(model_train.summarize(args, runs, extra, _env(), REPO) if args.model
+                                 else summarize(args, runs, extra)))
             else:
                 for row in run_bench(args, cluster, controller, scratch, procs, probe):
                     print(json.dumps({**row, **extra}))
