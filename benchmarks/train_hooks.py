@@ -68,7 +68,7 @@ class WayHook:
             if not (controller and job):
                 raise SystemExit(f"way {way.name} aggregates through the switch: give --controller and --job")
             state = LhcHookState.join(controller, job, mode=way.mode, topk_ratio=way.topk_ratio, ip=ip,
-                                      host=host)
+                                      host=host, path=way.path)
             self.measured = Measured(lhc_hook, state)
 
     def attach(self, model: DistributedDataParallel) -> None:
@@ -100,7 +100,8 @@ class WayHook:
                     "bytes_basis": "ring allreduce payload"}
         stats = state.pop_step_stats()
         return {"bytes": stats["bytes_sent"], "bytes_basis": "frames sent (agent)",
-                "modes": sorted(set(state.modes.values())), "network_s": stats["network_s"]}
+                "modes": sorted(set(state.modes.values())), "paths": sorted(set(state.paths.values())),
+                "network_s": stats["network_s"]}
 
     def density(self) -> dict[int, tuple[int, int]]:
         return dict(self.measured.density) if self.measured is not None else {}

@@ -35,6 +35,8 @@ class Way:
     dense_models_only: bool = False
     #: DDP puts every gradient into one bucket (PowerSGD on Gloo hangs with more: docs/pytorch.md)
     one_bucket: bool = False
+    #: the lhc hook's path policy (host_agent.path_policy): "switch", or "fastest" per bucket
+    path: str = "switch"
 
 
 WAYS = (
@@ -43,6 +45,8 @@ WAYS = (
         one_bucket=True),
     Way("dense", "dense through the switch (SwitchML/ATP)", "lhc", mode="dense"),
     Way("lhc", "lhc auto (exact)", "lhc", mode="auto"),
+    Way("lhc_fastest", "lhc auto, each bucket on its faster path, switch or hosts (exact)", "lhc",
+        mode="auto", path="fastest"),
     Way("lhc_topk", f"lhc + top-k {TOPK_RATIO:.0%} with error feedback (lossy)", "lhc", mode="auto",
         topk_ratio=TOPK_RATIO, lossy=True, dense_models_only=True),
 )

@@ -8,7 +8,8 @@ path for every call.
 - :class:`SwitchWhileHealthy` (the default): every call through the switch while its path is usable.
 - :class:`FastestPath` (``path="fastest"``, ``LHC_PATH=fastest``): each bucket over the path that was
   faster for it. A bucket's first call goes through the switch (mode ``auto`` measures its density
-  there); its next ``2 * trials`` calls alternate switch and hosts, each rank timing them; at the next
+  there); its next ``2 * trials`` calls (2 by default) alternate switch and hosts, each rank timing them;
+  at the next
   call the ranks add their timings (microseconds, one ADD of two words) and the bucket keeps the path
   with the smaller sum from then on. Dense buckets, which the switch moves as 272-byte packets where
   Gloo moves full frames, are where the hosts can win.
@@ -26,7 +27,7 @@ SWITCH, HOST = "switch", "host"
 #: The path policies by the name a launch line gives them (``path=`` / ``LHC_PATH``).
 PATH_CHOICES = ("switch", "fastest")
 #: Calls of each path a bucket is timed over before :class:`FastestPath` settles it.
-DEFAULT_TRIALS = 2
+DEFAULT_TRIALS = 1
 
 #: Sums int32 words over every rank through the hosts, within the meeting deadline; the string says what
 #: the sum is for, in the error of a rank that does not come.

@@ -17,10 +17,17 @@ JOB_PREFIX = "train"
 
 
 def plan(args: argparse.Namespace, env: dict[str, str], cwd: Path) -> list[tuple[str, bool]]:
-    """The model's ways in order, each with whether it goes through the switch (``benchmarks.train_ways``)."""
+    """The model's ways in order (those of ``--ways``), each with whether it goes through the switch
+    (``benchmarks.train_ways``)."""
     done = subprocess.run([args.python, "-m", "benchmarks.train_ways", args.model], capture_output=True,
                           text=True, check=True, cwd=cwd, env=env)
-    return [(name, hook == "lhc") for name, hook in (line.split() for line in done.stdout.splitlines())]
+    ways = [(name, hook == "lhc") for name, hook in (line.split() for line in done.stdout.splitlines())]
+    wanted = args.ways.split(",") if args.ways else [name for name, _ in ways]
+    unknown = sorted(set(wanted) - {name for name, _ in ways})
+    if unknown:
+        raise SystemExit(f"--ways: {args.model} has no way {', '.join(unknown)} (it has "
+                         f"{', '.join(name for name, _ in ways)})")
+    return [(name, through_switch) for name, through_switch in ways if name in wanted]
 
 
 def job(args: argparse.Namespace, way: str) -> str:

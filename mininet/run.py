@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=("ncf", "lstm", "vgg19", "bert"),
                         help="train: this model of benchmarks/models every way lhc-bench train does, "
                              "instead of the demo's three runs")
+    parser.add_argument("--ways", help="with --model: only these ways, comma-separated (default: all)")
     parser.add_argument("--size", choices=("tiny", "small", "full"), default="full",
                         help="--model's; small: BERT only (%(default)s)")
     parser.add_argument("--users", type=int, default=20_000, help="train: user embedding rows (%(default)s)")

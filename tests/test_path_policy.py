@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from host_agent.agent import Agent
-from host_agent.path_policy import HOST, SWITCH, CallFacts, FastestPath, SwitchWhileHealthy, make_policy
+from host_agent.path_policy import (
+    DEFAULT_TRIALS,
+    HOST,
+    SWITCH,
+    CallFacts,
+    FastestPath,
+    SwitchWhileHealthy,
+    make_policy,
+)
 from host_agent.paths import PathBackend
 from lhc_ina.constants import Op
 from tests.harness.faults import float_input
@@ -122,6 +130,6 @@ def test_fastest_moves_buckets_to_the_faster_hosts_with_the_switchs_bits() -> No
             assert torch.equal(want, got)
     paths = [[path for _, path in calls] for calls in fastest]
     assert paths[0] == paths[1] == paths[2]
-    trials = 1 + 2 * 2  # per bucket; two buckets alternate
-    assert paths[0][: 2 * trials] == [SWITCH] * 4 + [HOST] * 2 + [SWITCH] * 2 + [HOST] * 2
+    trials = 1 + 2 * DEFAULT_TRIALS  # calls per bucket before it settles; two buckets alternate
+    assert paths[0][: 2 * trials] == [SWITCH] * 4 + [HOST] * 2
     assert paths[0][2 * trials:] == [HOST] * (CALLS - 2 * trials)
