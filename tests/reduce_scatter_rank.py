@@ -26,6 +26,9 @@ SHARD = 3000
 def main() -> None:
     rank, world, master, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("lhc", init_method=f"tcp://{master}", rank=rank, world_size=world)
     saved = {}
