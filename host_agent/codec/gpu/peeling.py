@@ -51,12 +51,14 @@ from .encoding import seed_args
 
 ONE = tl.constexpr(1 << 40)  # a candidate's weight in its cells' states: count * 2^40 + position
 POSITION = tl.constexpr((1 << 40) - 1)
-# ctl words: queue slots handed out, reserved, cells queued and not yet served, candidates found
+# ctl words, each on a 128-byte line of its own (idle programs poll the head; the tail and the count of
+# outstanding cells are the serving programs' atomics): queue slots handed out, reserved, cells queued and
+# not yet served, candidates found
 HEAD = tl.constexpr(0)
-TAIL = tl.constexpr(1)
-OUTSTANDING = tl.constexpr(2)
-FOUND = tl.constexpr(3)
-_CTL_WORDS = 4
+TAIL = tl.constexpr(32)
+OUTSTANDING = tl.constexpr(64)
+FOUND = tl.constexpr(96)
+_CTL_WORDS = 128
 
 
 @triton.jit(do_not_specialize=["k", "m", "block", "start_seed", "s0", "s1", "s2", "s3", "starts", "seg"])
