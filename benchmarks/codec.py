@@ -300,7 +300,7 @@ def _device_line(case: dict) -> str:
             f"{case['layout']}: encode {case['encode_s'] * 1e6:.0f} us = {case['encode_memcpy']:.2f} memcpy, "
             f"decode {case['decode_s'] * 1e6:.0f} us = {case['decode_memcpy']:.2f} memcpy (memcpy "
             f"{case['memcpy_s'] * 1e6:.0f} us), launches encode {launches.get('encode')} decode "
-            f"{launches.get('decode')}, peel rounds {case['peel_rounds']}, exact {case['exact']}")
+            f"{launches.get('decode')} (host waits {launches.get('decode_waits')}), exact {case['exact']}")
 
 
 def _plot(cases: list[dict], path: str) -> None:

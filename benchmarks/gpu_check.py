@@ -13,9 +13,12 @@ its own cap and what is left of ``--budget``):
 * ``build``: the C extensions, where they do not import yet;
 * ``bench``: ``lhc-bench codec --device cuda`` at the default case (both layouts, and union), at 0.1% and
   5% (OUT/codec.jsonl), with the issue's targets checked: encode <= 5 and decode <= 20 memcpys of the
-  bucket, decode launches <= 64, exact;
+  bucket, decode launches <= 64, exact; the summary prints each case's encode, decode and decode stages
+  (index query, peel, output, granularity choice) in memcpys of the bucket, and its launches and host
+  waits;
 * ``tests``: the ``gpu``-marked tests: CUDA against CPU results, the DDP hook with CUDA buckets through
-  softswitch (two ranks on the one GPU), FSDP and the NCCL hook on CUDA;
+  softswitch (two ranks on the one GPU), FSDP and reduce_scatter on CUDA (two ranks on the one GPU), the
+  NCCL hook and the lhc backend's NCCL path with CUDA tensors (one rank: NCCL refuses two on one GPU);
 * ``kernels``: tests/test_codec_gpu.py on the device: every Triton kernel against the CPU's, bit for bit
   (last: the CPU machines already run them in Triton's interpreter).
 
@@ -246,16 +249,24 @@ def _summary(check: Check, started: float) -> int:
              f"in {summary['seconds']:.0f} s"]
     lines += [f"  {s['step']:<12} {s['status']:<8} {s['seconds']:>5.0f} s  {s['detail']}"
               for s in check.steps]
-    for case in check.cases:
-        launches = case.get("gpu_launches") or {}
-        lines.append(f"  codec {case['mode']} {case['density']:g} {case['layout']}: encode "
-                     f"{case['encode_memcpy']:.2f} / decode {case['decode_memcpy']:.2f} memcpy "
-                     f"({case['memcpy_s'] * 1e6:.0f} us), launches {launches.get('encode')}/"
-                     f"{launches.get('decode')}, exact {case['exact']}")
+    lines += [_case_line(case) for case in check.cases]
     text = "\n".join(lines) + "\n"
     (check.out / "summary.txt").write_text(text)
     print(text, end="")
     return 1 if failed else 0
+
+
+def _case_line(case: dict) -> str:
+    """One benchmark case: encode, decode and each decode stage in memcpys of the bucket, the device
+    operations and host waits counted, exactness."""
+    launches = case.get("gpu_launches") or {}
+    memcpy = case["memcpy_s"]
+    stages = ", ".join(f"{name} {seconds / memcpy:.2f}"
+                       for name, seconds in (case.get("stage_s") or {}).items())
+    return (f"  codec {case['mode']} {case['density']:g} {case['layout']}: encode {case['encode_memcpy']:.2f}"
+            f" / decode {case['decode_memcpy']:.2f} memcpy ({memcpy * 1e6:.0f} us; decode stages:"
+            f" {stages or 'none'}), launches {launches.get('encode')}/{launches.get('decode')}, host waits"
+            f" {launches.get('encode_waits')}/{launches.get('decode_waits')}, exact {case['exact']}")
 
 
 def main(argv: list[str] | None = None) -> int:

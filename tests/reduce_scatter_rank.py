@@ -3,7 +3,10 @@ sparse gradients, step after step, through ``reduce_scatter_tensor`` on one ``lh
 ``all_reduce`` on another (AVG; two groups, so that both keep the same codec state from step to step);
 saves the shards, the totals and what each call decoded.
 
-    python tests/reduce_scatter_rank.py RANK WORLD MASTER OUT
+    python tests/reduce_scatter_rank.py RANK WORLD MASTER OUT [DEVICE]
+
+DEVICE ``cuda``: the gradients on the GPU (the codec's GPU path; the group's CUDA collectives on NCCL, or
+on Gloo with ``LHC_CUDA_COLLECTIVES=gloo`` where ranks share a GPU).
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ SHARD = 3000
 
 def main() -> None:
     rank, world, master, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("lhc", init_method=f"tcp://{master}", rank=rank, world_size=world)
     saved = {}
@@ -32,11 +39,11 @@ def main() -> None:
         for step in range(2):
             g = torch.Generator().manual_seed(100 * step + rank)
             n = world * SHARD
-            grad = torch.where(torch.rand(n, generator=g) < 0.03, torch.randn(n, generator=g), 0.0)
-            shard = torch.empty(SHARD)
+            grad = torch.where(torch.rand(n, generator=g) < 0.03, torch.randn(n, generator=g), 0.0).to(device)
+            shard = torch.empty(SHARD, device=device)
             dist.reduce_scatter_tensor(shard, grad, op=dist.ReduceOp.AVG, group=sharded)
             dist.all_reduce(grad, op=dist.ReduceOp.AVG, group=whole)
-            calls.append({"shard": shard, "total": grad, "stats": sharded.agent.last_stats,
+            calls.append({"shard": shard.cpu(), "total": grad.cpu(), "stats": sharded.agent.last_stats,
                           "whole_stats": whole.agent.last_stats})
         saved[mode] = calls
     torch.save(saved, out)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.gpu_check import DEVICE_TESTS, STEPS, _targets
+from benchmarks.gpu_check import DEVICE_TESTS, STEPS, _case_line, _targets
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,6 +56,15 @@ def test_the_targets_are_read_from_the_default_cases_sketch_row() -> None:
         "default case": "missing: no sketch row at 1% with the plain layout"}
 
 
+def test_each_case_prints_its_stages_against_the_memcpy() -> None:
+    case = dict(row("sketch", "plain", 4.0, 15.0, 11), memcpy_s=60e-6,
+                stage_s={"index": 120e-6, "peel": 300e-6, "output": 30e-6, "granularity": 90e-6})
+    case["gpu_launches"].update(encode_waits=0, decode_waits=3)
+    line = _case_line(case)
+    assert "decode stages: index 2.00, peel 5.00, output 0.50, granularity 1.50" in line, line
+    assert "encode 4.00 / decode 15.00 memcpy (60 us" in line and "host waits 0/3" in line, line
+
+
 def test_the_device_tests_it_runs_are_collected() -> None:
     """The tests step's selection (the gpu-marked tests of these files) and the kernels step's file exist
     and are collected, here with the device tests skipped."""
@@ -65,7 +74,9 @@ def test_the_device_tests_it_runs_are_collected() -> None:
     collected = [line for line in done.stdout.splitlines() if "::" in line]
     names = " ".join(collected)
     expected = ["test_cuda_gives_the_cpu_result_bit_for_bit", "test_fsdp_trains_through_lhc_on_cuda",
-                "test_cuda_buckets_through_softswitch_give_the_cpu_run", "test_the_hook_runs_with_nccl"]
+                "test_cuda_buckets_through_softswitch_give_the_cpu_run", "test_the_hook_runs_with_nccl",
+                "test_reduce_scatter_on_cuda_decodes_only_the_shard",
+                "test_the_lhc_backend_on_nccl_with_cuda_tensors"]
     if importlib.util.find_spec("triton") is not None:  # tests/test_codec_gpu.py skips whole without it
         expected.append("test_a_gpu_session_sends_through_pinned_buffers_and_keeps_its_bucket")
     for test in expected:

@@ -92,11 +92,11 @@ def test_fsdp_trains_through_lhc_within_the_bound(tmp_path: Path, through_switch
 
 
 @pytest.mark.slow
-def test_reduce_scatter_decodes_only_the_shard(tmp_path: Path) -> None:
-    """2 processes, every mode: each rank's reduce_scatter output is its slice of the all_reduce, bit for
-    bit, and the same bytes went on the wire; union and dense dequantized only the shard, sketch peeled
-    every candidate (auto: whichever it picked)."""
-    runs = run_ranks(REDUCE_SCATTER_SCRIPT, tmp_path, "rs")
+def assert_shards_decoded_alone(runs: list[dict], kernels: str | None = None) -> None:
+    """Each rank's reduce_scatter output is its slice of the all_reduce, bit for bit, and the same bytes
+    went on the wire; union and dense dequantized only the shard (where there are several), sketch peeled
+    every candidate (auto: whichever it picked); ``kernels``: the codec path every call took."""
+    world = len(runs)
     for rank, run in enumerate(runs):
         for mode, calls in run.items():
             for call in calls:
@@ -104,14 +104,38 @@ def test_reduce_scatter_decodes_only_the_shard(tmp_path: Path) -> None:
                 shard = call["shard"].numel()
                 assert torch.equal(call["shard"], call["total"][rank * shard : (rank + 1) * shard]), mode
                 assert stats["mode"] == whole["mode"] and stats["bytes_sent"] == whole["bytes_sent"]
+                assert kernels is None or stats["codec"]["kernels"] == kernels, stats["codec"]
                 if stats["codec"]["protocol"] == "dense":
-                    assert stats["decoded_elements"] == shard and whole["decoded_elements"] == WORLD * shard
-                elif stats["mode"] == "union":
+                    assert stats["decoded_elements"] == shard and whole["decoded_elements"] == world * shard
+                elif stats["mode"] == "union" and world > 1:
                     assert 0 < stats["decoded_elements"] < whole["decoded_elements"]
-                else:
+                elif stats["mode"] != "union":
                     assert stats["decoded_elements"] == whole["decoded_elements"]
     modes = {mode: {call["stats"]["mode"] for call in calls} for mode, calls in runs[0].items()}
     assert modes["union"] == {"union"} and modes["sketch"] == {"sketch"} and modes["dense"] == {"dense"}
+
+
+def test_reduce_scatter_decodes_only_the_shard(tmp_path: Path) -> None:
+    """2 processes, every mode, on the CPU: see :func:`assert_shards_decoded_alone`."""
+    assert_shards_decoded_alone(run_ranks(REDUCE_SCATTER_SCRIPT, tmp_path, "rs"))
+
+
+@pytest.mark.gpu
+def test_reduce_scatter_on_cuda_decodes_only_the_shard(tmp_path: Path) -> None:
+    """The same on CUDA gradients, two ranks sharing the GPU (their CUDA collectives on Gloo): the codec's
+    GPU path dequantizes only the shard in union and dense, as the CPU does."""
+    runs = run_ranks(REDUCE_SCATTER_SCRIPT, tmp_path, "rs-cuda", "cuda", env={"LHC_CUDA_COLLECTIVES": "gloo"})
+    assert_shards_decoded_alone(runs, kernels="triton")
+
+
+@pytest.mark.gpu
+def test_the_lhc_backend_on_nccl_with_cuda_tensors(tmp_path: Path) -> None:
+    """One rank, the lhc group's CUDA collectives on NCCL (NCCL refuses two ranks on one GPU): reduce_scatter
+    and all_reduce of CUDA tensors go through lhc's codec on the GPU path and its process-group transport
+    over NCCL, every mode, and agree bit for bit."""
+    runs = run_ranks(REDUCE_SCATTER_SCRIPT, tmp_path, "rs-nccl", "cuda", env={"LHC_CUDA_COLLECTIVES": "nccl"},
+                     world=1)
+    assert_shards_decoded_alone(runs, kernels="triton")
 
 
 #: Two ranks on the one GPU: their CUDA collectives on Gloo, since NCCL refuses two ranks on one device (and

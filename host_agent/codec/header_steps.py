@@ -28,8 +28,11 @@ class HeaderSteps:
     """The header's and the scale's part of ``protocol.Rounds`` (see the module docstring)."""
 
     def agreement(self, words: torch.Tensor) -> None:
-        """Check the summed agreement message (cheap: called as soon as it arrives)."""
-        self.item_sum = check_agreement(words, self.world)
+        """Check the summed agreement message (cheap: called as soon as it arrives). A CUDA aggregate (from
+        NCCL) is read back through a pinned buffer, not by a pageable copy."""
+        host = words if words.device.type == "cpu" else gpu.read_back(words)
+        with gpu.on_host():
+            self.item_sum = check_agreement(host, self.world)
 
     def _header(self, values: torch.Tensor, support_complete: bool = True) -> torch.Tensor:
         field, finite, in_bound = None, True, True

@@ -229,10 +229,13 @@ def query_index(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
 
 
 def query_index_triton(spec: IndexSpec, words: torch.Tensor) -> torch.Tensor:
-    """:func:`query_index` on the GPU path: the Bloom filter's hit bits (one kernel) or the bitmap, then
-    their items, groups expanded (two kernels)."""
+    """:func:`query_index` on the GPU path: the bitmap's set bits counted per tile, or the Bloom filter's
+    hit bits made and counted by one kernel; then their items, groups expanded (one kernel)."""
     if spec.kind == "bloom":
-        words = gpu.bloom_hits(words, spec.entries, spec.seed & MASK32, _patterns(spec.k, words.device)[0])
+        masks = _patterns(spec.k, words.device)[0]
+        seed = spec.seed & MASK32
+        hits, counts = gpu.bloom_hits(words, spec.entries, seed, masks, spec.group, spec.n_items)
+        return gpu.set_bit_items(hits, spec.entries, spec.group, spec.n_items, counts)
     return gpu.set_bit_items(words, spec.entries, spec.group, spec.n_items)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import gpu
 from .items import fill_items
 from .options import is_int
 
@@ -60,9 +61,10 @@ class OutputRange:
         return dense[self.lo : self.hi]
 
     def candidates(self, cands: torch.Tensor, block: int) -> slice:
-        """The run of the sorted candidate items ``cands`` that overlaps the range."""
+        """The run of the sorted candidate items ``cands`` that overlaps the range (its ends read back
+        through a pinned buffer where ``cands`` is on a GPU: one small copy, no pageable read)."""
         items = torch.tensor([self.lo // block, -(-self.hi // block)], dtype=cands.dtype, device=cands.device)
-        first, end = torch.searchsorted(cands, items).tolist()
+        first, end = gpu.read_back(torch.searchsorted(cands, items)).tolist()
         return slice(first, end)
 
     def fill(self, out: torch.Tensor, items: torch.Tensor, rows: torch.Tensor, block: int) -> None:

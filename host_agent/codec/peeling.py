@@ -20,8 +20,8 @@ and values (tested against each other):
   ``gather``, ``scatter_add_`` and ``index_select`` on 1-D tensors are several times faster than advanced
   indexing (``t[idx]``) and a sort, so the loop uses only those. In the fused layout the rounds follow
   the wave along the chain of segments: hundreds of small rounds;
-* ``gpu/peeling.py``, on the GPU path: the same rounds in one persistent Triton kernel, a grid-wide barrier
-  between rounds instead of a host round trip and several launches per round;
+* ``gpu/peeling.py``, on the GPU path: no rounds; Triton programs serve one queue of pure cells, each
+  peeling a cell as soon as it is found pure, with no barrier between them (``rounds`` is None);
 * ``kernels_peel.c``, a compiled kernel for CPU tensors, built when the package is installed with a C
   compiler present: candidates inserted start segment by start segment, and each segment peeled as soon
   as no later candidate can touch it, so that the peeling follows the insertion as a wave through a
@@ -47,7 +47,7 @@ from .sketch_spec import SketchSpec
 class PeelResult:
     values: torch.Tensor  # (K, block) int32: recovered sums, zero where not peeled
     peeled: torch.Tensor  # (K,) bool
-    rounds: int | None  # parallel rounds of the torch code or the GPU kernel; None from the CPU kernel
+    rounds: int | None  # parallel rounds of the torch code; None from the CPU and the GPU kernels
     complete: bool | None = None  # whether every candidate was peeled, where already counted
 
     @property

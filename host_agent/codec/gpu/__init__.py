@@ -13,7 +13,7 @@ what is here and never a module beside it.
   Triton on first use, so that an install without the extra ``gpu`` never imports Triton.
 
 Beside it: ``encoding.py`` (scan, index, sketch, values, the lead), ``decoding.py`` (candidates, output,
-group counts), ``peeling.py`` (the persistent peel), ``device_functions.py`` (the Triton functions they
+group counts), ``peeling.py`` (the peel, no barriers), ``device_functions.py`` (the Triton functions they
 share), ``device.py`` (launches, copies, tile sizes), ``launches.py`` (counting) and ``transfer.py``
 (pinned copies). They read the algorithm's agreed shapes and word positions (``sketch_spec``,
 ``agreement``, ``quantize``) and never the session or the protocol (tests/test_layout.py).

@@ -42,14 +42,17 @@ def _bits_write(words, n_bits, group, n_items, offsets, out, BITS: tl.constexpr,
     tl.store(out + first[:, None] + j[None, :], item, mask=j[None, :] < per[:, None])
 
 
-def set_bit_items(words: torch.Tensor, n_bits: int, group: int, n_items: int) -> torch.Tensor:
+def set_bit_items(words: torch.Tensor, n_bits: int, group: int, n_items: int,
+                  counts: torch.Tensor | None = None) -> torch.Tensor:
     """Sorted items (int64) of the set bits among the first ``n_bits`` of ``words``, each bit standing
-    for ``group`` consecutive items below ``n_items``: two passes, one read-back of their counts."""
+    for ``group`` consecutive items below ``n_items``: two passes, one read-back of their counts (one
+    pass where ``counts``, per tile of ``32 * sizes()["words"]`` bits, were made with the words)."""
     bits = 32 * sizes()["words"]
     programs = max(1, -(-n_bits // bits))
-    counts = torch.empty(programs, dtype=torch.int64, device=words.device)
     warps = sizes()["warps"]
-    launch(_bits_count, (programs,), words, n_bits, group, n_items, counts, BITS=bits, num_warps=warps)
+    if counts is None:
+        counts = torch.empty(programs, dtype=torch.int64, device=words.device)
+        launch(_bits_count, (programs,), words, n_bits, group, n_items, counts, BITS=bits, num_warps=warps)
     host = read_back(counts).numpy()
     total = int(host.sum())
     out = torch.empty(total, dtype=torch.int64, device=words.device)

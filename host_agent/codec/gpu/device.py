@@ -72,6 +72,7 @@ def read_back(tensor: torch.Tensor) -> torch.Tensor:
     operation (counted so wherever it runs; on a CPU tensor, which the interpreter uses, the copy is free
     and torch would not show it). A pageable copy would be staged by the driver."""
     launches.note(1)
+    launches.note_wait()
     with launches.paused():
         return to_host(tensor)
 
@@ -105,9 +106,10 @@ def sizes() -> dict[str, int]:
     return dict(_INTERPRETED if interpreting() else _COMPILED)
 
 
-_COMPILED = {"scan": 2048, "items": 1024, "words": 128, "peel": 512, "fill": 1024, "warps": 8}
+_COMPILED = {"scan": 2048, "items": 1024, "words": 128, "peel": 512, "fill": 1024, "warps": 8,
+             "programs": 0}
 _INTERPRETED = {"scan": 1 << 16, "items": 1 << 15, "words": 1 << 11, "peel": 1 << 14, "fill": 1 << 15,
-                "warps": 4}
+                "warps": 4, "programs": 0}
 
 
 def set_sizes(**overrides: int) -> dict[str, int]:
@@ -125,9 +127,11 @@ def next_pow2(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
 
-def persistent_programs(device: torch.device) -> int:
-    """Programs of a kernel that synchronizes its whole grid: one per SM, all resident at once (the
-    interpreter runs programs one after another, so there it is one)."""
-    if device.type != "cuda" or interpreting():
+def work_programs(device: torch.device) -> int:
+    """Programs of a kernel that serves a shared work queue (the peel): ``sizes()["programs"]`` if set,
+    else one per SM (one under the interpreter, which runs programs one after another; tests set more)."""
+    if sizes()["programs"]:
+        return sizes()["programs"]
+    if device.type != "cuda":
         return 1
     return torch.cuda.get_device_properties(device).multi_processor_count

@@ -1,5 +1,5 @@
 """Triton device functions the GPU kernels share, each the twin of a torch function named in its docstring,
-computing the same bits: the codec's hashes, quantizing and dequantizing, a popcount, a grid barrier.
+computing the same bits: the codec's hashes, quantizing and dequantizing, a popcount.
 
 Integer arithmetic only where bits must match: hashes on uint32 lanes (a uint32 product wraps mod 2^32,
 as the torch code's ``& MASK32`` does), the high half of a 32x32-bit product for ``reduce_range``, and
@@ -89,19 +89,6 @@ def popcount(w):
     w = (w & 0x33333333) + ((w >> 2) & 0x33333333)
     w = (w + (w >> 4)) & 0x0F0F0F0F
     return (w * 0x01010101) >> 24
-
-
-@triton.jit
-def grid_sync(counter, target):
-    """Wait until every program of the grid has arrived: ``counter`` counts arrivals over the kernel's
-    life, so the g-th barrier waits for programs * g (all programs must be resident at once)."""
-    tl.debug_barrier()
-    tl.atomic_add(counter, 1, sem="release")
-    seen = tl.load(counter, volatile=True)
-    while seen < target:
-        seen = tl.load(counter, volatile=True)
-    tl.atomic_add(counter, 0, sem="acquire")
-    tl.debug_barrier()
 
 
 @triton.jit

@@ -335,11 +335,12 @@ def gather_quantize(x: torch.Tensor, cands: torch.Tensor, block: int, scale: int
     return out
 
 
-@triton.jit(do_not_specialize=["n_words", "entries", "seed", "n_hits"])
-def _bloom_hits(words, n_words, entries, seed, masks, hits, n_hits, PATTERN_MASK: tl.constexpr,
-                WORDS: tl.constexpr):
+@triton.jit(do_not_specialize=["n_words", "entries", "seed", "n_hits", "group", "n_items"])
+def _bloom_hits(words, n_words, entries, seed, masks, hits, n_hits, group, n_items, counts,
+                PATTERN_MASK: tl.constexpr, WORDS: tl.constexpr):
     """``index.query_bloom_chunks``' test, 32 entries to a word of hit bits (bits of one word add
-    without carries, so their sum is their OR)."""
+    without carries, so their sum is their OR); and per program, how many items its hits stand for (an
+    entry is ``group`` items, the last one may be fewer): what ``decoding._bits_count`` would count next."""
     w = tl.program_id(0) * WORDS + tl.arange(0, WORDS)
     bit = tl.arange(0, 32)
     entry = w.to(tl.int64)[:, None] * 32 + bit[None, :]
@@ -350,13 +351,20 @@ def _bloom_hits(words, n_words, entries, seed, masks, hits, n_hits, PATTERN_MASK
     hit = ok & ((got & pattern) == pattern)
     packed = tl.sum(tl.where(hit, tl.cast(1, tl.int64) << bit[None, :].to(tl.int64), 0), axis=1)
     tl.store(hits + w, packed.to(tl.uint32).to(tl.int32, bitcast=True), mask=w < n_hits)
+    per = tl.where(hit, tl.minimum(n_items - entry * group, group), 0)
+    tl.store(counts + tl.program_id(0), tl.sum(tl.sum(per, axis=1), axis=0))
 
 
-def bloom_hits(words: torch.Tensor, entries: int, seed: int, masks: torch.Tensor) -> torch.Tensor:
-    """A hit bit per entry of the aggregated filter (the words ``bits.set_bits`` then lists)."""
+def bloom_hits(words: torch.Tensor, entries: int, seed: int, masks: torch.Tensor, group: int, n_items: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A hit bit per entry of the aggregated filter (the words ``bits.set_bits`` then lists), and per tile
+    of ``32 * sizes()["words"]`` entries the items they stand for (``decoding.set_bit_items`` takes them
+    instead of counting again), in one kernel."""
     n_hits = -(-entries // 32)
     hits = torch.empty(n_hits, dtype=torch.int32, device=words.device)
     tile = sizes()["words"]
-    launch(_bloom_hits, (-(-n_hits // tile),), words, words.numel(), entries, seed, masks, hits, n_hits,
-           PATTERN_MASK=pattern_mask(masks), WORDS=tile, num_warps=sizes()["warps"])
-    return hits
+    programs = max(1, -(-n_hits // tile))
+    counts = torch.empty(programs, dtype=torch.int64, device=words.device)
+    launch(_bloom_hits, (programs,), words, words.numel(), entries, seed, masks, hits, n_hits, group, n_items,
+           counts, PATTERN_MASK=pattern_mask(masks), WORDS=tile, num_warps=sizes()["warps"])
+    return hits, counts

@@ -11,7 +11,9 @@ change that adds one shows up in the count. On a CUDA device the benchmark check
 profiler's list of what really ran (``lhc-bench codec --device cuda``).
 
 Counting costs a few microseconds of host time per torch operation, so a session counts only when asked
-(``count_launches=True``); its stats then hold ``gpu_launches`` = {"encode", "decode", "transfer"}.
+(``count_launches=True``); its stats then hold ``gpu_launches`` = {"encode", "decode", "transfer"}, and
+beside them the host waits among those operations (read-backs: the host stops until the device reaches
+them), ``encode_waits``, ``decode_waits`` and ``transfer_waits``.
 """
 
 from __future__ import annotations
@@ -45,13 +47,18 @@ class LaunchCounter:
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = resolve_device(device)
-        self.counts = dict.fromkeys(PHASES, 0)
+        self.counts = dict.fromkeys((*PHASES, *(f"{phase}_waits" for phase in PHASES)), 0)
         self.phase = "encode"
         self.paused = 0  # > 0 inside a Triton launch (the interpreter runs torch operations of its own)
 
     def add(self, launches: int = 1) -> None:
         if not self.paused:
             self.counts[self.phase] += launches
+
+    def wait(self) -> None:
+        """The host waits for the device (a read-back), in the current phase."""
+        if not self.paused:
+            self.counts[f"{self.phase}_waits"] += 1
 
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
@@ -84,6 +91,13 @@ def note(launches: int = 1) -> None:
     counter = _active.get()
     if counter is not None:
         counter.add(launches)
+
+
+def note_wait() -> None:
+    """The host waited for the device (a read-back)."""
+    counter = _active.get()
+    if counter is not None:
+        counter.wait()
 
 
 @contextmanager
