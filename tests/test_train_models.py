@@ -79,6 +79,9 @@ def test_the_summary_says_when_lhc_differs_from_dense() -> None:
     result = summarize({**runs, "lhc": [_rank("lhc", off)]})
     assert result["lhc_losses_equal_dense"] is False
     assert result["ways"][0]["gradient_density"] == 0.25
+    fastest = summarize({**runs, "lhc_fastest": [_rank("lhc_fastest", off)]})
+    assert fastest["lhc_losses_equal_dense"] is False  # the faster-path way is held to dense too
+    assert summarize({"ddp": runs["ddp"], "lhc": [_rank("lhc", same)]})["lhc_losses_equal_dense"] is None
 
 
 def _args(**options: object) -> argparse.Namespace:
