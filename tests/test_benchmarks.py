@@ -45,8 +45,10 @@ def test_codec_benchmark_prints_every_case_and_the_peeling_trials(capsys, tmp_pa
         assert "decode.output" in case["stage_s"] and case["simd"] in ("avx2", "scalar")
         assert sum(case["stage_s"].values()) <= case["decode_s"] * (1 + 1e-9)  # one repeat: parts of it
         if triton_available():  # the GPU path's launches, counted in Triton's interpreter
-            assert set(case["gpu_launches"]) == {"encode", "decode", "transfer"}
+            stages = ("encode", "decode", "transfer")
+            assert set(case["gpu_launches"]) == {*stages, *(f"{stage}_waits" for stage in stages)}
             assert 0 < case["gpu_launches"]["decode"] <= 64
+            assert case["gpu_launches"]["encode_waits"] == 0  # docs/codec.md: encode never waits for the host
         else:
             assert case["gpu_launches"] is None
     assert {c["mode"] for c in cases} == {"sketch", "union", "dense"}

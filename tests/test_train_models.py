@@ -101,7 +101,7 @@ def controller(tmp_path_factory: pytest.TempPathFactory):
 
 
 #: the ways the straight run trains every tiny model; the checkpoint test resumes the last two
-WAYS = ["dense", "lhc", "powersgd", "lhc_topk"]
+WAYS = ["dense", "lhc", "lhc_fastest", "powersgd", "lhc_topk"]
 STEPS, RESUME_AT = 5, 3
 
 
@@ -114,10 +114,13 @@ def straight(controller, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 @pytest.mark.slow
 def test_every_tiny_model_trains_through_softswitch_as_dense_bit_for_bit(straight: dict) -> None:
-    """lhc auto's losses equal dense-through-the-switch's on every rank and step, bit for bit, for each
-    tiny model; the lhc run measured its gradient's density."""
+    """lhc auto's losses, on the switch and with each bucket on its faster path, equal
+    dense-through-the-switch's on every rank and step, bit for bit, for each tiny model; the lhc run
+    measured its gradient's density."""
     for name, ways in straight.items():
         assert [r["losses"] for r in ways["lhc"]] == [r["losses"] for r in ways["dense"]], name
+        # each bucket on its faster path (its trials, then settled from step 3): still dense's bits
+        assert [r["losses"] for r in ways["lhc_fastest"]] == [r["losses"] for r in ways["dense"]], name
         assert all(len(r["losses"][0]) == STEPS for r in ways["lhc"])
         assert ways["lhc"][0]["modes"] and ways["dense"][0]["modes"] == ["dense"], name
         result = summarize(ways)
