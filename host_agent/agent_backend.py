@@ -45,6 +45,11 @@ class Backend(ABC):
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
         """Start reducing ``words`` (1-D int32) with ``op``; the future holds the reduced words."""
 
+    def reduce_round(self, messages: list[tuple[Op, torch.Tensor]]) -> list[Future[torch.Tensor]]:
+        """:meth:`reduce` each of a round's ``messages`` (op, words), in order: one future each. A backend
+        may reduce several in one operation (the process group packs them into one collective)."""
+        return [self.reduce(op, words) for op, words in messages]
+
     def link_estimate(self) -> LinkEstimate | None:
         """The measured round trip and rate, or None before anything was measured."""
         return None

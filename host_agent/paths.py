@@ -135,10 +135,18 @@ class PathBackend(Backend):
         return self.current.waits_for_agreement
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
-        future = self.current.reduce(op, words)
-        with self._lock:
-            self._log.setdefault(self._call, []).append(_Logged(op, words.detach().clone(), future))
-        return future
+        return self.reduce_round([(op, words)])[0]
+
+    def reduce_round(self, messages: list[tuple[Op, torch.Tensor]]) -> list[Future[torch.Tensor]]:
+        """The current path's reductions. A switch call's messages are logged (a fallback may replay
+        them over the hosts); a call on the hosts is never replayed, so its words are not copied."""
+        futures = self.current.reduce_round(messages)
+        if self._path == SWITCH:
+            with self._lock:
+                self._log.setdefault(self._call, []).extend(
+                    _Logged(op, words.detach().clone(), future)
+                    for (op, words), future in zip(messages, futures, strict=True))
+        return futures
 
     def link_estimate(self) -> LinkEstimate | None:
         """The switch's measurement, fixed per call: a call redone after a fallback sends the same link

@@ -9,6 +9,13 @@ codec relies on that, as it does on the switch's modular ADD). OR words need an 
   so that a SUM cannot carry between lanes, then every nonzero lane read back as a 1 (``32 / (32 //
   lane)`` times the bytes: 2x at W = 2, 3.2x at W = 4, 4x at W = 8).
 
+A round's messages go as **one collective** where they can (:meth:`ProcessGroupBackend.reduce_round`):
+every collective waits for the slowest rank to reach it, which on shared cores costs more than its bytes.
+The ADD messages are laid end to end in one int32 SUM, and short OR messages (a header, up to
+``PACKED_OR_MAX_WORDS`` words) ride in it as bit lanes; a long OR message (an index) keeps a collective of
+its own. A dense bucket's round (header, the bucket, the seal) is then one allreduce of the bucket's size,
+as DDP's own.
+
 Collectives run on a process group of their own, so the agent's calls never interleave with DDP's.
 """
 
@@ -23,6 +30,10 @@ import torch.distributed as dist
 from host_agent.agent_backend import Backend
 from host_agent.codec.gpu import to_host
 from lhc_ina.constants import Op
+
+#: OR messages up to this many words join a round's one SUM as bit lanes (at most 32x their bytes, W = 1024:
+#: small beside the collective they save); longer ones keep a collective of their own.
+PACKED_OR_MAX_WORDS = 1024
 
 
 def bit_lane_width(world_size: int) -> int:
@@ -82,9 +93,7 @@ class ProcessGroupBackend(Backend):
         self.scheme = or_scheme(self.world_size, has_bor=device.type == "cpu")  # Gloo; NCCL has no BOR
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
-        if words.device.type == "cuda" and self.device.type == "cpu":  # a GPU bucket over Gloo
-            words = to_host(words.detach())
-        words = words.to(self.device, torch.int32).contiguous()
+        words = self._host_words(words)
         if op == Op.ADD:
             return self._all_reduce(words.clone(), dist.ReduceOp.SUM, lambda t: t)
         if self.scheme == "bor":
@@ -97,6 +106,44 @@ class ProcessGroupBackend(Backend):
         gathered = [torch.empty_like(words) for _ in range(self.world_size)]
         work = self.group.allgather([gathered], [words])
         return self._complete(work, lambda: _or_all(gathered))
+
+    def reduce_round(self, messages: list[tuple[Op, torch.Tensor]]) -> list[Future[torch.Tensor]]:
+        """The round's ADD messages and short OR messages (as bit lanes) summed in one collective, in
+        the round's order; a long OR message on its own after it. Every rank packs alike: the lengths
+        and ops of a round's messages are agreed (the agreement message came first)."""
+        packed = [i for i, (op, words) in enumerate(messages)
+                  if op == Op.ADD or words.numel() <= PACKED_OR_MAX_WORDS]
+        if len(packed) < 2:
+            return super().reduce_round(messages)
+        lane = bit_lane_width(self.world_size)
+        parts = [self._host_words(messages[i][1]) for i in packed]
+        pieces = [words if messages[i][0] == Op.ADD else spread_bits(words.cpu(), lane).to(self.device)
+                  for i, words in zip(packed, parts, strict=True)]
+        buffer = torch.cat(pieces)  # the one copy: Gloo and NCCL reduce in place
+        bounds, start = [], 0
+        for piece in pieces:
+            bounds.append((start, start + piece.numel()))
+            start += piece.numel()
+        summed = self._all_reduce(buffer, dist.ReduceOp.SUM, lambda t: t)
+        futures: list[Future[torch.Tensor] | None] = [None] * len(messages)
+        for slot, i in enumerate(packed):
+            lo, hi = bounds[slot]
+            n_words = parts[slot].numel()
+            if messages[i][0] == Op.ADD:
+                futures[i] = _then(summed, lambda t, lo=lo, hi=hi: t[lo:hi])
+            else:
+                futures[i] = _then(summed, lambda t, lo=lo, hi=hi, n=n_words:
+                                   gather_bits(t[lo:hi].cpu(), lane, n).to(self.device))
+        for i, (op, words) in enumerate(messages):
+            if futures[i] is None:
+                futures[i] = self.reduce(op, words)
+        return futures  # type: ignore[return-value]
+
+    def _host_words(self, words: torch.Tensor) -> torch.Tensor:
+        """``words`` as int32 on the group's device (a GPU bucket's words cross to the host for Gloo)."""
+        if words.device.type == "cuda" and self.device.type == "cpu":
+            words = to_host(words.detach())
+        return words.to(self.device, torch.int32).contiguous()
 
     def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp, finish) -> Future[torch.Tensor]:
         options = dist.AllreduceOptions()
@@ -117,6 +164,20 @@ class ProcessGroupBackend(Backend):
 
         work.get_future().add_done_callback(done)
         return result
+
+
+def _then(future: Future[torch.Tensor], part) -> Future[torch.Tensor]:
+    """A future of ``part(result)`` once ``future`` completes (its exception if it fails)."""
+    result: Future[torch.Tensor] = Future()
+
+    def done(whole: Future[torch.Tensor]) -> None:
+        try:
+            result.set_result(part(whole.result()))
+        except Exception as exc:
+            result.set_exception(exc)
+
+    future.add_done_callback(done)
+    return result
 
 
 def _or_all(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -75,6 +75,23 @@ def test_auto_picks_the_same_mode_on_every_worker() -> None:
     assert modes[0] == modes[1] == modes[2]
 
 
+@pytest.mark.parametrize("block", [1, 4])
+def test_a_dense_bucket_stays_dense_under_auto(block: int) -> None:
+    """A dense call counts the bucket's items as a sparse one does, so the next call knows its density:
+    without that, every other call of a dense bucket went back to sketch mode to measure it."""
+    g = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(30_001, generator=g) for _ in range(2)]
+
+    def work(agent: Agent) -> list[tuple[str, object]]:
+        calls = [agent.allreduce(inputs[agent.rank], key="b", block=block) for _ in range(4)]
+        return [(call.stats["mode"], call.stats["codec"]["items"]) for call in calls]
+
+    first, second = run_local(2, work)
+    assert first == second
+    assert [mode for mode, _ in first] == ["sketch", "dense", "dense", "dense"]
+    assert {items for _, items in first[1:]} == {-(-30_001 // block)}  # every item nonzero, capped at n
+
+
 def test_local_backend_fails_every_member_on_a_length_mismatch() -> None:
     results = run_local(2, lambda agent: agent.allreduce(torch.ones(100 + agent.rank), mode="dense"))
     assert all(isinstance(r, AggregationError) for r in results), results

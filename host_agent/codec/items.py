@@ -26,6 +26,16 @@ def nonzero_items(x: torch.Tensor, block: int) -> torch.Tensor:
     return torch.unique_consecutive(torch.div(elements, block, rounding_mode="floor"))
 
 
+def count_nonzero_items(x: torch.Tensor, block: int) -> int:
+    """How many items of ``x`` hold any nonzero (or NaN) element, as :func:`nonzero_items` finds them,
+    without listing them: what a dense round tells mode ``auto`` of the bucket's density."""
+    if block == 1:
+        return int(torch.count_nonzero(x))
+    flat = x.reshape(-1)
+    flat = torch.nn.functional.pad(flat, (0, (-flat.numel()) % block))
+    return int((flat.view(-1, block) != 0).any(1).sum())
+
+
 def nonzero_rows(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(:func:`nonzero_items`, their (K, block) rows); for a 32-bit bucket on a CPU, both from one pass."""
     if x.device.type == "cpu" and native is not None and block == 1 and x.dtype in _SCAN_DTYPES:

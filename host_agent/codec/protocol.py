@@ -35,7 +35,7 @@ from .granularity import choose_group
 from .hashing import derive_seed
 from .header_steps import HeaderSteps
 from .index import IndexSpec, choose_index, encode_index, expected_false_positives, query_index
-from .items import gather_items, item_count, nonzero_rows, support_items
+from .items import count_nonzero_items, gather_items, item_count, nonzero_rows, support_items
 from .options import Options
 from .output import OutputRange
 from .peeling import peel
@@ -295,10 +295,16 @@ class Rounds(HeaderSteps, Steps):
 
     # --- dense ---------------------------------------------------------------------------------------
     def _dense_start(self) -> Round:
+        """The lead counts the bucket's nonzero items, as a sparse mode's does: mode ``auto`` reads the
+        next call's density from their sum (a dense call that told nothing would make the next one
+        measure again, in sketch mode)."""
         with self.clock("encode"):
-            header = self._header(self.x)
+            if self.triton:
+                lead = self._scan_triton()
+            else:
+                lead = Lead(count_nonzero_items(self.x, self.block), self._header(self.x))
         self.assumed = self._assumed_field()
-        return self._dense_round(Lead(0, header))  # dense mode does not count items
+        return self._dense_round(lead)
 
     def _after_dense_header(self, res: Results) -> Round | Outcome:
         if self._parse_header("header"):
@@ -330,10 +336,9 @@ class Rounds(HeaderSteps, Steps):
                 self.assumed, self.scale = None, scale_for(self.agreed, self.world)
                 return self._dense_round(None)
         with self.clock("decode", "output"):
-            values = self._dequantize(res["dense"], self.output_range.words(res["dense"]))
-            total = self._output().copy_(values)
-        self.stats["decoded_elements"] = values.numel()
-        # a sparse mode that sent the bucket densely still counted its items: the next round's estimate
+            total = self._dequantize(res["dense"], self.output_range.words(res["dense"]), out=self._output())
+        self.stats["decoded_elements"] = total.numel()
+        # every worker counted its items (dense too): their sum is the next call's density estimate
         return self._outcome(total, min(self.item_sum, self.n_items) if self.item_sum else None)
 
     def _outcome(self, total: torch.Tensor, items: int | None, group: int = 1) -> Outcome:

@@ -42,6 +42,8 @@ import torch
 
 from host_agent.errors import AggregationError
 
+from .cpu import native
+
 # 8 words exponent bitmap, then two words each (bit rank % 32, bit rank // 32): non-finite input, integers
 # beyond the bound, a support that misses a nonzero element
 HEADER_WORDS = 14
@@ -52,6 +54,9 @@ PARTIAL_SUPPORT_WORD = 12
 #: binades a scale assumed from the previous round may be coarser than ``headroom`` allows for
 SCALE_SLACK = 2
 MAX_FIELD = 254  # the largest exponent field of a finite float32
+#: An assumed scale's clamp keeps this far inside int32 (a float32 near 2^31 is a multiple of 128); the
+#: CPU kernels' CLAMP_MARGIN (cpu/kernels.h)
+CLAMP_MARGIN = 128
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int32,)
@@ -211,12 +216,30 @@ def _mul_pow2(x: torch.Tensor, e: int) -> torch.Tensor:
 def quantize(values: torch.Tensor, scale: int, clamp: bool = False) -> torch.Tensor:
     """round(values * 2^scale) as int32. ``clamp`` guards a scale that was assumed, not agreed: values
     that do not fit then saturate (the header tells every worker to redo the round at the right scale)."""
+    if _native_fits(values, torch.float32):
+        out = torch.empty(values.shape, dtype=torch.int32)
+        if native.quantize(values.data_ptr(), values.numel(), scale, clamp, out.data_ptr()):
+            return out
     y = _mul_pow2(values.float(), scale)
     if clamp:
-        y = y.clamp_(-(2.0**31) + 128, 2.0**31 - 128)
+        y = y.clamp_(-(2.0**31) + CLAMP_MARGIN, 2.0**31 - CLAMP_MARGIN)
     return torch.round(y).to(torch.int32)
 
 
-def dequantize(q: torch.Tensor, scale: int, dtype: torch.dtype) -> torch.Tensor:
-    """int32 sums back to floats: q * 2^-scale, rounded once to float32 (then to ``dtype``)."""
-    return _mul_pow2(q.to(torch.float32), -scale).to(dtype)
+def dequantize(q: torch.Tensor, scale: int, dtype: torch.dtype, out: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """int32 sums back to floats: q * 2^-scale, rounded once to float32 (then to ``dtype``); written into
+    ``out`` (of ``q``'s length) where given, else into a new tensor."""
+    if dtype == torch.float32 and _native_fits(q, torch.int32) and (
+            out is None or (_native_fits(out, torch.float32) and out.numel() == q.numel())):
+        target = torch.empty(q.shape, dtype=torch.float32) if out is None else out
+        if native.dequantize(q.data_ptr(), q.numel(), scale, target.data_ptr()):
+            return target
+    values = _mul_pow2(q.to(torch.float32), -scale).to(dtype)
+    return values if out is None else out.copy_(values.reshape(out.shape))
+
+
+def _native_fits(tensor: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the CPU kernels take ``tensor`` (built, contiguous on the CPU, of ``dtype``)."""
+    return native is not None and tensor.device.type == "cpu" and tensor.dtype == dtype and \
+        tensor.is_contiguous()

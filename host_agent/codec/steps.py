@@ -94,13 +94,15 @@ class Steps:
         assert self.scale is not None
         return quantize(rows, self.scale, clamp)
 
-    def _dequantize(self, summed: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-        """``part`` of the integer sums ``summed`` in the output dtype. Whether the sum overflows it is
-        read from all of ``summed``, so that every worker raises alike whatever its output range."""
+    def _dequantize(self, summed: torch.Tensor, part: torch.Tensor, out: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+        """``part`` of the integer sums ``summed`` in the output dtype (written into ``out`` where given).
+        Whether the sum overflows it is read from all of ``summed``, so that every worker raises alike
+        whatever its output range."""
         if not self.is_float:
-            return part
+            return part if out is None else out.copy_(part)
         check_sum_range(summed, self.scale or 0, self.agreed, self.world, self.x.dtype)
-        return dequantize(part, self.scale or 0, self.x.dtype)
+        return dequantize(part, self.scale or 0, self.x.dtype, out=out)
 
     def _scan_triton(self) -> Lead:
         """This worker's item count and header from one pass over its bucket (one kernel, one

@@ -10,6 +10,7 @@
  *   popcount, set_bits               the set bits of a word array, in one pass with ctz (bits.set_bits)
  *   bloom_hits (kernels_bloom.c)     every item's membership in a pattern-blocked Bloom filter, as a bit
  *                                    array; one hash, two loads and one compare per item
+ *   quantize, dequantize (kernels_quantize.c)   float32 to int32 at a power-of-two scale and back, one pass
  *
  * Interface (called from peeling.py, sketch.py, items.py, bits.py and index.py, which check the dtypes,
  * shapes and contiguity of the tensors whose addresses they pass):
@@ -35,6 +36,8 @@
  *     words   const uint32[n_words]   the aggregated filter; an item's word and pattern come from one hash
  *     masks   const uint32[n_masks]   the patterns (n_masks a power of two), as index._patterns makes them
  *     hits    uint32[ceil(n_items / 32)]   out: bit i set when item i may be held
+ *   quantize(x, n, scale, clamp, out) -> done   x const float32[n], out int32[n]; False: scale out of reach
+ *   dequantize(q, n, scale, out) -> done        q const int32[n], out float32[n]
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -344,6 +347,38 @@ static PyObject *py_bloom_hits(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_quantize(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long x, out;
+    long long n;
+    int scale, clamp;
+    if (!PyArg_ParseTuple(args, "KLipK", &x, &n, &scale, &clamp, &out)) {
+        return NULL;
+    }
+    int done;
+    Py_BEGIN_ALLOW_THREADS
+    done = quantize_pow2((const float *)(uintptr_t)x, n, scale, clamp, (int32_t *)(uintptr_t)out);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(done);
+}
+
+static PyObject *py_dequantize(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long q, out;
+    long long n;
+    int scale;
+    if (!PyArg_ParseTuple(args, "KLiK", &q, &n, &scale, &out)) {
+        return NULL;
+    }
+    int done;
+    Py_BEGIN_ALLOW_THREADS
+    done = dequantize_pow2((const int32_t *)(uintptr_t)q, n, scale, (float *)(uintptr_t)out);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(done);
+}
+
 static PyMethodDef methods[] = {
     {"peel", py_peel, METH_VARARGS, "Peel an aggregated sketch (kernels_peel.c)."},
     {"encode_sketch", py_encode_sketch, METH_VARARGS, "Add items' values into their sketch cells."},
@@ -354,6 +389,8 @@ static PyMethodDef methods[] = {
     {"popcount", py_popcount, METH_VARARGS, "Number of set bits of uint32 words."},
     {"set_bits", py_set_bits, METH_VARARGS, "Sorted positions of the set bits of uint32 words."},
     {"bloom_hits", py_bloom_hits, METH_VARARGS, "Bit array of the items a Bloom filter may hold."},
+    {"quantize", py_quantize, METH_VARARGS, "float32 to int32 at a power-of-two scale, in one pass."},
+    {"dequantize", py_dequantize, METH_VARARGS, "int32 sums to float32 at a power-of-two scale, in one pass."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -173,4 +173,14 @@ void bloom_hits(int64_t n_items, const uint32_t *words, int64_t n_words, uint32_
 int64_t scan_nonzero(const uint32_t *x, int64_t n, int is_float, int64_t *pos, uint32_t *vals, int64_t cap,
                      int threads);
 
+/* quantize.py's quantize and dequantize for float32 (kernels_quantize.c): 1 when done, 0 for a scale whose
+ * power of two needs more than MAX_POW2_FACTORS normal factors (the caller then runs the torch code). The
+ * clamp of an assumed scale keeps CLAMP_MARGIN below 2^31 on either side (quantize.py's CLAMP_MARGIN). */
+#define MAX_POW2_FACTORS 4
+#define CLAMP_MARGIN 128
+#define QUANTIZE_CLAMP_HI (2147483648.0f - CLAMP_MARGIN)
+#define QUANTIZE_CLAMP_LO (-2147483648.0f + CLAMP_MARGIN)
+int quantize_pow2(const float *x, int64_t n, int scale, int clamp, int32_t *out);
+int dequantize_pow2(const int32_t *q, int64_t n, int scale, float *out);
+
 #endif

@@ -1,0 +1,118 @@
+"""A round's messages over the process group in one collective (``ProcessGroupBackend.reduce_round``):
+each message's words equal what it reduced to alone (ADD mod 2^32, OR exact), whatever mix of ops and
+lengths the round holds, and a round of ADDs and short ORs costs one collective. Real Gloo groups, one
+per thread of this process, over one in-memory store."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from host_agent.process_group import PACKED_OR_MAX_WORDS, ProcessGroupBackend
+from lhc_ina.constants import Op
+
+WORLD = 3
+
+
+def _round(rng: random.Random) -> list[tuple[Op, int]]:
+    """A round's (op, length): ADDs of any length, ORs short enough to pack and, now and then, a long one."""
+    lengths = [1, 7, 64, 1000, 40_000]
+    shapes = [(rng.choice([Op.ADD, Op.OR]), rng.choice(lengths)) for _ in range(rng.randint(1, 5))]
+    if rng.random() < 0.3:
+        shapes.insert(rng.randrange(len(shapes) + 1), (Op.OR, PACKED_OR_MAX_WORDS + 1 + rng.randrange(3000)))
+    return shapes
+
+
+def _seed(seed: int, round_: int, message: int) -> int:
+    return seed * 100 + round_ * 10 + message
+
+
+def _words(seed: int, rank: int, length: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    return torch.randint(-(2**31), 2**31, (length,), generator=g, dtype=torch.int64).to(torch.int32)
+
+
+def _expected(op: Op, parts: list[torch.Tensor]) -> torch.Tensor:
+    out = parts[0].to(torch.int64)
+    for part in parts[1:]:
+        out = out + part.to(torch.int64) if op == Op.ADD else out | part.to(torch.int64)
+    out &= 0xFFFFFFFF
+    return (out - ((out >> 31) << 32)).to(torch.int32)
+
+
+class _Counting:
+    """A Gloo group whose collectives are counted."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group, self.collectives = group, 0
+
+    def rank(self) -> int:
+        return self.group.rank()
+
+    def size(self) -> int:
+        return self.group.size()
+
+    def allreduce(self, tensors, options):
+        self.collectives += 1
+        return self.group.allreduce(tensors, options)
+
+
+def _in_threads(work) -> list:
+    """``work(rank)`` on one thread per rank; their results in rank order, or the first error raised."""
+    results: list = [None] * WORLD
+    errors: list[BaseException] = []
+
+    def member(rank: int) -> None:
+        try:
+            results[rank] = work(rank)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=member, args=(rank,)) for rank in range(WORLD)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    return results
+
+
+@pytest.fixture(scope="module")
+def groups():
+    """One Gloo group per rank for the whole module: groups torn down while a peer's are still in use
+    abort the process, so they end together, after a barrier."""
+    store = dist.HashStore()
+    made = _in_threads(lambda rank: _Counting(dist.ProcessGroupGloo(store, rank, WORLD)))
+    yield made
+    _in_threads(lambda rank: made[rank].group.barrier().wait())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_round_packs_into_one_collective_and_every_message_reduces_exactly(groups, seed: int) -> None:
+    rng = random.Random(seed)
+    rounds = [_round(rng) for _ in range(6)]
+
+    def member(rank: int) -> tuple[list[list[torch.Tensor]], list[int]]:
+        group = groups[rank]
+        backend = ProcessGroupBackend(group, device=torch.device("cpu"))  # type: ignore[arg-type]
+        results, counts = [], []
+        for number, shapes in enumerate(rounds):
+            before = group.collectives
+            messages = [(op, _words(_seed(seed, number, i), rank, n)) for i, (op, n) in enumerate(shapes)]
+            results.append([future.result(timeout=30) for future in backend.reduce_round(messages)])
+            counts.append(group.collectives - before)
+        return results, counts
+
+    per_rank = _in_threads(member)
+    for number, shapes in enumerate(rounds):
+        for i, (op, n) in enumerate(shapes):
+            want = _expected(op, [_words(_seed(seed, number, i), rank, n) for rank in range(WORLD)])
+            for rank in range(WORLD):
+                assert torch.equal(per_rank[rank][0][number][i], want), (number, i, op, n, rank)
+        long_ors = sum(1 for op, n in shapes if op == Op.OR and n > PACKED_OR_MAX_WORDS)
+        want_collectives = long_ors + (1 if len(shapes) > long_ors else 0)
+        assert {per_rank[rank][1][number] for rank in range(WORLD)} == {want_collectives}, shapes
