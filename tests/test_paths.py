@@ -43,11 +43,19 @@ class BreakingSwitch(LocalBackend):
         failed.set_exception(AggregationError(f"no result for message {index}: the switch is gone"))
         return failed
 
+    job_id = 1
+
     def leave_path(self) -> None:
         self.left = True
 
     def return_epoch(self) -> int:
         return self.epoch
+
+    def gone(self) -> str:
+        return ""
+
+    def refresh(self) -> None:
+        """The epoch is set by the test itself."""
 
     def reopen(self, epoch: int) -> None:
         self.group, self._sent, self.at = self.fresh, 0, -1
