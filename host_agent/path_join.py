@@ -33,8 +33,9 @@ log = logging.getLogger("lhc.paths")
 STRICT = "LHC_STRICT"
 #: How long a rank tries to join and see its job installed before the run goes over the hosts.
 DEFAULT_JOIN_TIMEOUT_S = 30.0
-#: The controller's deadline for a join tried again while on the hosts (it holds a step that long at most:
-#: the JoinJob that completes a job waits up to 5 s for the switch's entries).
+#: The shortest deadline a JoinJob gets (the controller's answer to the join that completes a job waits up
+#: to 5 s for the switch's entries; a join cut short would leave a member without a worker), and the one
+#: a join tried again while on the hosts gets: it holds a step that long at most.
 REJOIN_RPC_S = 8.0
 
 
@@ -62,7 +63,8 @@ def join_or_fall_back(controller: str, job: str, group: Backend, *,
     from host_agent.transport.switch import SwitchBackend
 
     options = {"world_size": group.world_size, **switch_options}
-    member, why = _enrol(controller, job, rpc_timeout_s=min(30.0, join_timeout_s), **options)
+    rpc_timeout_s = max(min(30.0, join_timeout_s), REJOIN_RPC_S)  # see REJOIN_RPC_S
+    member, why = _enrol(controller, job, rpc_timeout_s=rpc_timeout_s, **options)
     if member is not None:
         try:
             member.wait_installed(join_timeout_s)

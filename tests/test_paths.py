@@ -1,22 +1,27 @@
 """The path layer's agreement (host_agent/paths.py), in memory: a switch path that breaks at any message,
 its last result reaching only some ranks, is survived with every call's total equal to an unbroken run's,
-bit for bit, on every rank; the ranks agree which path each call took; a return needs every rank's vote.
+bit for bit, on every rank; the ranks agree which path each call took; a return needs every rank's vote;
+a run that started on the hosts returns with memberships kept from the join or made by joining again.
 (tests/test_path_faults.py runs the same over softswitch, the controller and Gloo.)"""
 
 from __future__ import annotations
 
 import random
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from unittest.mock import patch
 
+import grpc
 import pytest
 import torch
 
 from host_agent.agent import Agent
 from host_agent.errors import AggregationError
+from host_agent.path_join import join_or_fall_back
 from host_agent.path_policy import HOST, SWITCH
 from host_agent.paths import PathBackend
 from lhc_ina.constants import Op
+from lhc_ina.jobservice.errors import ControllerError
 from tests.harness.faults import float_input
 from tests.harness.local_backend import LocalBackend, LocalGroup
 
@@ -197,3 +202,43 @@ def test_a_run_that_fell_back_at_the_join_joins_again_when_any_rank_says_it_is_t
         assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got[rank], unbroken[0][rank], strict=True))
         backend = agents[rank].backend
         assert (backend.fallbacks, backend.returns, backend.why_host) == (1, 1, "")
+
+
+class NotInstalled(BreakingSwitch):
+    """A membership whose job every rank joined but no switch holds yet (its switch is down)."""
+
+    stream = None
+
+    def wait_installed(self, timeout_s: float) -> None:
+        raise ControllerError(grpc.StatusCode.DEADLINE_EXCEEDED, f"not installed within {timeout_s:g} s")
+
+
+def test_a_join_whose_switch_is_down_keeps_the_memberships_and_returns_once_installed(unbroken) -> None:
+    """Every rank joins, none sees the job installed: the run starts on the hosts with each rank keeping
+    its membership (nothing to join again), and when the job is installed (epoch 4, seen before call 2)
+    every rank returns at call 2's boundary, with the unbroken bits."""
+    fresh, hosts = LocalGroup(3), LocalGroup(3).members()
+    members: dict[int, NotInstalled] = {}
+
+    def enrol(controller: str, job: str, **options) -> tuple[NotInstalled, str]:
+        return members[threading.get_ident()], ""
+
+    def make_agent(rank: int) -> Agent:
+        members[threading.get_ident()] = NotInstalled(fresh, rank, -1, set(), fresh)
+        return Agent(join_or_fall_back("nowhere", "j", hosts[rank], join_timeout_s=1, meet_timeout_s=10),
+                     timeout_s=10)
+
+    with patch("host_agent.path_join._enrol", enrol), ThreadPoolExecutor(3) as pool:
+        agents = list(pool.map(make_agent, range(3), timeout=30))
+    for agent in agents:  # on the hosts, each membership kept
+        assert agent.backend.switch is not None and "not installed" in agent.backend.why_host
+
+    def before(rank: int, call: int) -> None:
+        if call == 2:
+            agents[rank].backend.switch.epoch = 4
+
+    got = _run(agents, before)
+    for rank in range(3):
+        assert [path for _, path in got[rank]] == [HOST] * 2 + [SWITCH] * 4
+        assert all(torch.equal(a, b) for (a, _), (b, _) in zip(got[rank], unbroken[0][rank], strict=True))
+        assert (agents[rank].backend.fallbacks, agents[rank].backend.returns) == (1, 1)
