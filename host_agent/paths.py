@@ -20,11 +20,22 @@ start. From ``m`` on every call goes over the hosts: no call lost, none summed t
 finished all its calls meets at :meth:`PathBackend.close`, so a peer that missed the last result is
 served. Every wait has a deadline (``meet_timeout_s``).
 
-**Coming back.** While on the hosts, at each step boundary (a call the caller marked as a step's last, or
-every ``vote_every`` calls when it marks none) the ranks vote with one small ADD: each puts the epoch of
-a switch path it could use again (the controller shows the job installed under an epoch newer than the
-one that failed), 0 otherwise. When every lane holds the same epoch, every rank reopens its stream under
-it and the next call goes through the switch again.
+**Coming back.** While on the hosts, at each step boundary the ranks vote with one small ADD: each puts
+the job id and the epoch of a switch path it could use again (its controller shows the job, the one it is
+a member of, installed under an epoch newer than the one that failed), zeros otherwise. When every lane
+holds the same job and epoch, every rank opens its stream under it and the next call goes through the
+switch again. A step boundary is the call after one the caller marked as a step's last; a caller that
+marks none (the ``lhc`` torch.distributed backend, which DDP hands buckets, not steps) gets one at each
+call whose bucket key already came since the last boundary: with DDP, each step's first bucket.
+
+**Joining again.** A run that could not join (the job unknown, refused, the controller unreachable), or
+whose job is gone (failed, deleted, created again under its name, lost by a controller), holds no usable
+membership, so no epoch can come for it. Every ``rejoin_every_s`` seconds (agreed in the vote: any rank's
+clock that says so) the ranks try once more at the vote: each drops a membership its controller no
+longer serves and joins afresh where it holds none (``rejoin``, a short deadline); one ADD tells whether
+all are members of the same job; if so each asks its controller once, and a second vote as above decides
+whether they return now. A membership whose job is not yet installed (a worker still missing, a switch
+down) is kept, so the next vote may find it installed.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -50,8 +61,8 @@ log = logging.getLogger("lhc.paths")
 #: How long a rank waits for its peers at a meeting or a vote before it gives up (they may be computing a
 #: step before they reach their next call).
 DEFAULT_MEET_TIMEOUT_S = 60.0
-#: Without step marks from the caller, the ranks vote on a return every this many calls.
-DEFAULT_VOTE_EVERY = 4
+#: How often a run without a usable membership tries to join its job again (``LHC_REJOIN_EVERY_S``).
+DEFAULT_REJOIN_EVERY_S = 10.0
 _CLOSING = "the run ended on a rank that had finished its calls"
 _KEPT_CALLS = 2  # a rank is at most one call ahead of another: the current call and the one before
 
@@ -67,12 +78,26 @@ class SwitchPath(Protocol):
         """The ranks went on over the hosts: stop sending, keep the membership."""
         ...
 
+    job_id: int  # the job this membership belongs to (a job created again under its name has another)
+
     def return_epoch(self) -> int:
         """The epoch a new stream could use (installed, newer than the failed one), or 0."""
         ...
 
+    def gone(self) -> str:
+        """Why this membership can never serve again (its job failed or is unknown), or ""."""
+        ...
+
+    def refresh(self) -> None:
+        """Ask the controller now, so that :meth:`return_epoch` reads its present answer."""
+        ...
+
     def reopen(self, epoch: int) -> None:
         """A fresh stream under ``epoch``, from position 0."""
+        ...
+
+    def close(self) -> None:
+        """Leave the job."""
         ...
 
 
@@ -87,34 +112,43 @@ class PathBackend(Backend):
     """The agent's backend over two paths; see the module docstring."""
 
     def __init__(self, host: Backend, switch: Backend | None, *, policy: PathPolicy | None = None,
-                 meet_timeout_s: float = DEFAULT_MEET_TIMEOUT_S, vote_every: int = DEFAULT_VOTE_EVERY,
-                 why_host: str = "") -> None:
+                 meet_timeout_s: float = DEFAULT_MEET_TIMEOUT_S, why_host: str = "",
+                 rejoin: Callable[[], Backend | None] | None = None,
+                 rejoin_every_s: float = DEFAULT_REJOIN_EVERY_S) -> None:
+        """``switch``: the switch path (a :class:`SwitchPath`), or None. ``why_host``: the run starts on the
+        hosts for this reason (``switch`` then a membership not yet installed, or None). ``rejoin``: a fresh
+        membership of the job, or None where the controller refused it (see "Joining again")."""
         if switch is not None and switch.world_size != host.world_size:
             raise ValueError(f"the switch's job has {switch.world_size} workers, the process group "
                              f"{host.world_size}")
-        if vote_every < 1:
-            raise ValueError(f"vote_every must be at least 1, not {vote_every}")
+        if rejoin_every_s < 0:
+            raise ValueError(f"rejoin_every_s must not be negative, not {rejoin_every_s}")
         self.host, self.switch = host, switch
         self.rank, self.world_size = host.rank, host.world_size
         self.policy = policy or SwitchWhileHealthy()
-        self.meet_timeout_s, self.vote_every = meet_timeout_s, vote_every
-        self.switch_usable = switch is not None
+        self.meet_timeout_s = meet_timeout_s
+        self.rejoin, self.rejoin_every_s = rejoin, rejoin_every_s
+        self.switch_usable = switch is not None and not why_host
         #: Why the run is on the hosts ("" while the switch path is usable).
-        self.why_host = why_host if switch is None else ""
-        self.fallbacks = 0
+        self.why_host = why_host
+        #: A join that fell back counts as a fallback before call 0.
+        self.fallbacks = 0 if self.switch_usable else 1
         self.returns = 0
         #: Calls completed on each path (a call redone after a fallback counts on the hosts).
         self.calls = {SWITCH: 0, HOST: 0}
         #: Fallbacks and returns as they happened: {"event", "call", "why"}.
-        self.events: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = [] if self.switch_usable else [
+            {"event": "fallback", "call": 0, "why": why_host}]
         self._host_since = 0  # the first call of the current stay on the hosts
+        self._rejoined_at = time.monotonic()  # the last attempt to join again (or the fallback)
         self._voted: set[int] = set()
         self._call = -1  # the call in progress
         self._finished = -1  # the last call completed
         self._path = SWITCH if self.switch_usable else HOST
         self._log: dict[int, list[_Logged]] = {}
         self._step_ends: dict[int, bool] = {}
-        self._marked = False  # the caller marks step ends: votes follow them, not a call count
+        self._marked = False  # the caller marks step ends: boundaries follow them, not bucket keys
+        self._step_keys: dict[Hashable, int] = {}  # without marks: each key since the last boundary -> call
         self._estimates: dict[int, LinkEstimate | None] = {}
         self._facts: CallFacts | None = None  # the call in progress, as its policy saw it
         self._began = 0.0
@@ -169,7 +203,7 @@ class PathBackend(Backend):
         then take the policy's path for it."""
         self._step_ends.setdefault(number, step_end)
         self._marked = self._marked or step_end
-        if not self.switch_usable and self.switch is not None and self._vote_due(number):
+        if self._boundary(number, key) and not self.switch_usable and self._vote_due(number):
             self._vote(number)
         self._facts = CallFacts(number, key, elements, self.switch_usable)
         self._path = self.policy.choose(self._facts, self._host_sum)
@@ -247,6 +281,7 @@ class PathBackend(Backend):
         for number in range(agreed, first_unfinished):
             self._replay(number)
         self._path, self.switch_usable, self._host_since = HOST, False, agreed
+        self._rejoined_at = time.monotonic()
         self.switch.leave_path()  # type: ignore[union-attr]
         self.fallbacks += 1
         self.events.append({"event": "fallback", "call": agreed, "why": why})
@@ -269,26 +304,66 @@ class PathBackend(Backend):
                                        "switch's (the ranks' calls do not line up)")
 
     # --- coming back -----------------------------------------------------------------------------
+    def _boundary(self, number: int, key: Hashable) -> bool:
+        """Whether a step starts at call ``number`` (see "Coming back"); the same answer on every rank, and
+        for a call begun again after a fallback, the same as at its first begin."""
+        if self._marked:
+            return self._step_ends.get(number - 1, False)
+        if self._step_keys.setdefault(key, number) < number:
+            self._step_keys = {key: number}
+            return True
+        return False
+
     def _vote_due(self, number: int) -> bool:
-        if number <= self._host_since or number in self._voted:
-            return False
-        return self._step_ends.get(number - 1, False) if self._marked else number % self.vote_every == 0
+        return number > self._host_since and number not in self._voted
 
     def _vote(self, number: int) -> None:
-        """Every rank says which epoch it could return under; all the same and nonzero: return now."""
+        """Return now if every rank can; else, where a rank's clock says it is time, join again first."""
         self._voted.add(number)
-        lanes = torch.zeros(self.world_size, dtype=torch.int32)
-        lanes[self.rank] = self.switch.return_epoch()  # type: ignore[union-attr]
-        epochs = set(self._wait(self.host.reduce(Op.ADD, lanes), "the return vote").tolist())
-        if len(epochs) != 1 or 0 in epochs:
+        due = self.rejoin is not None and time.monotonic() - self._rejoined_at >= self.rejoin_every_s
+        epoch, rejoin = self._ballot("the return vote", due)
+        if not epoch and rejoin:
+            self._rejoined_at = time.monotonic()
+            if self._join_again():
+                epoch, _ = self._ballot("the return vote after joining again", False)
+        if not epoch:
             return
-        epoch = epochs.pop()
         self.switch.reopen(epoch)  # type: ignore[union-attr]
         self.switch_usable, self.why_host = True, ""
         self.returns += 1
         self.events.append({"event": "return", "call": number, "why": f"epoch {epoch} installed"})
-        log.warning("rank %d: the switch path is back (epoch %d); every rank returns to it from call %d",
-                    self.rank, epoch, number)
+        log.warning("rank %d: the switch path is back (job id %d, epoch %d); every rank returns to it from "
+                    "call %d", self.rank, self.switch.job_id, epoch, number)  # type: ignore[union-attr]
+
+    def _ballot(self, what: str, due: bool) -> tuple[int, bool]:
+        """One ADD of (job id, epoch it could return under, join again now?) per rank: the epoch every rank
+        named for the same job (0 unless all did), and whether any rank asked to join again."""
+        lanes = torch.zeros(self.world_size, 3, dtype=torch.int32)
+        if self.switch is not None:
+            lanes[self.rank, 0] = self.switch.job_id  # type: ignore[attr-defined]
+            lanes[self.rank, 1] = self.switch.return_epoch()  # type: ignore[attr-defined]
+        lanes[self.rank, 2] = int(due)
+        votes = self._wait(self.host.reduce(Op.ADD, lanes.reshape(-1)), what).reshape(self.world_size, 3)
+        offers = {tuple(row) for row in votes[:, :2].tolist()}
+        job, epoch = offers.pop() if len(offers) == 1 else (0, 0)
+        return (epoch if job and epoch else 0), bool(votes[:, 2].any())
+
+    def _join_again(self) -> bool:
+        """Drop a membership the controller no longer serves, join where none is held, and tell the
+        others: True when every rank is a member of the same job (each has then asked its controller)."""
+        if self.switch is not None and (why := self.switch.gone()):  # type: ignore[attr-defined]
+            log.info("rank %d: %s; joining again", self.rank, why)
+            self.switch.close()
+            self.switch = None
+        if self.switch is None and self.rejoin is not None:
+            self.switch = self.rejoin()
+        lanes = torch.zeros(self.world_size, dtype=torch.int32)
+        lanes[self.rank] = self.switch.job_id if self.switch is not None else 0  # type: ignore[attr-defined]
+        jobs = set(self._wait(self.host.reduce(Op.ADD, lanes), "the members' count").tolist())
+        if len(jobs) != 1 or 0 in jobs:
+            return False
+        self.switch.refresh()  # type: ignore[union-attr]
+        return True
 
     def _host_sum(self, words: torch.Tensor, what: str) -> torch.Tensor:
         """``words`` summed over every rank through the hosts (what a policy agrees its measurements with)."""

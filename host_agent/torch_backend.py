@@ -40,7 +40,7 @@ from host_agent.path_join import (
     strict_from_env,
 )
 from host_agent.path_policy import PATH_CHOICES, make_policy
-from host_agent.paths import DEFAULT_MEET_TIMEOUT_S
+from host_agent.paths import DEFAULT_MEET_TIMEOUT_S, DEFAULT_REJOIN_EVERY_S
 
 BACKEND = "lhc"
 #: The floats lhc aggregates; other dtypes go to Gloo or NCCL.
@@ -69,6 +69,7 @@ class LhcConfig:
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
     switch_timeout_s: float = 30.0
     meet_timeout_s: float = DEFAULT_MEET_TIMEOUT_S
+    rejoin_every_s: float = DEFAULT_REJOIN_EVERY_S
     path: str = "switch"
 
     def __post_init__(self) -> None:
@@ -84,8 +85,9 @@ class LhcConfig:
         ``LHC_IP`` (this worker's data-plane address) or ``LHC_HOST`` (its name in the topology),
         ``LHC_CUDA_COLLECTIVES`` (:data:`CUDA_COLLECTIVES`, default nccl); the fallback's (docs/pytorch.md,
         "When the switch cannot serve"): ``LHC_STRICT``, ``LHC_JOIN_TIMEOUT_S``, ``LHC_SWITCH_TIMEOUT_S`` (a
-        stalled packet's deadline), ``LHC_MEET_TIMEOUT_S``; ``LHC_PATH`` (:data:`PATH_CHOICES`, default
-        switch: ``fastest`` sends each bucket over the path measured faster for it)."""
+        stalled packet's deadline), ``LHC_MEET_TIMEOUT_S``, ``LHC_REJOIN_EVERY_S``; ``LHC_PATH``
+        (:data:`PATH_CHOICES`, default switch: ``fastest`` sends each bucket over the path measured faster
+        for it)."""
         seconds = deadlines_from_env(environ)
         if "timeout_s" in seconds:
             seconds["switch_timeout_s"] = seconds.pop("timeout_s")
@@ -142,6 +144,7 @@ class LhcProcessGroup(dist.ProcessGroup):
                 paths = join_or_fall_back(config.controller, config.job, self._codec(store, timeout, config),
                                           join_timeout_s=config.join_timeout_s,
                                           meet_timeout_s=config.meet_timeout_s,
+                                          rejoin_every_s=config.rejoin_every_s,
                                           policy=make_policy(config.path, size), **switch_options)
                 self.agent = Agent(paths, mode=config.mode, timeout_s=2 * config.switch_timeout_s)
             self.job = config.job

@@ -33,7 +33,7 @@ from host_agent.path_join import (
     strict_from_env,
 )
 from host_agent.path_policy import make_policy
-from host_agent.paths import DEFAULT_MEET_TIMEOUT_S
+from host_agent.paths import DEFAULT_MEET_TIMEOUT_S, DEFAULT_REJOIN_EVERY_S
 
 #: Per-step stats summed over a step's buckets.
 _SUMMED = ("bytes_sent", "packets", "retransmissions", "fast_retransmissions", "timer_retransmissions",
@@ -73,13 +73,15 @@ class LhcHookState:
         torch.distributed, the process-group codec stands by: a job the switch cannot serve at the join,
         or a switch path that fails mid-run, moves every rank to it with the same bits
         (``host_agent.paths``), unless ``strict`` (default: ``LHC_STRICT``) asks to fail instead.
-        ``options``: ``join_timeout_s``, ``meet_timeout_s`` and :meth:`SwitchBackend.join`'s (``timeout_s``
-        is the stall deadline); the three deadlines default to the environment's (``LHC_*_TIMEOUT_S``).
+        ``options``: ``join_timeout_s``, ``meet_timeout_s``, ``rejoin_every_s`` and
+        :meth:`SwitchBackend.join`'s (``timeout_s`` is the stall deadline); they default to the
+        environment's (``LHC_*_TIMEOUT_S``, ``LHC_REJOIN_EVERY_S``).
         ``path`` ``"fastest"`` sends each bucket over the path measured faster for it, switch or hosts
         (``host_agent.path_policy``; the same bits either way, the stats say which)."""
         options = {**deadlines_from_env(), **options}
         join_timeout_s = options.pop("join_timeout_s", DEFAULT_JOIN_TIMEOUT_S)
         meet_timeout_s = options.pop("meet_timeout_s", DEFAULT_MEET_TIMEOUT_S)
+        rejoin_every_s = options.pop("rejoin_every_s", DEFAULT_REJOIN_EVERY_S)
         strict = strict_from_env() if strict is None else strict
         distributed = dist.is_available() and dist.is_initialized()
         if path != "switch" and (strict or not distributed):
@@ -93,7 +95,7 @@ class LhcHookState:
         from host_agent.process_group import ProcessGroupBackend
 
         paths = join_or_fall_back(controller, job, ProcessGroupBackend(), join_timeout_s=join_timeout_s,
-                                  meet_timeout_s=meet_timeout_s,
+                                  meet_timeout_s=meet_timeout_s, rejoin_every_s=rejoin_every_s,
                                   policy=make_policy(path, dist.get_world_size()), **options)
         agent = Agent(paths, mode=mode, timeout_s=2 * options.get("timeout_s", 30.0))
         return cls(agent, topk_ratio=topk_ratio, log_every=log_every)

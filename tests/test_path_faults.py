@@ -4,9 +4,12 @@ processes, every rank's process-group codec on a real Gloo group, the ranks on t
 Each trial runs the same calls (sparse float buckets, two keys, a step end every second call) as one
 uninterrupted run through the switch, with one fault at a seeded call: the switch killed (-9) for good;
 killed and restarted after the fallback; the controller refusing the job at the join (unknown); the
-controller killed while the switch lives. Every call's total equals the uninterrupted run's bit for bit on
-every rank, every rank records the same path changes, and no call waits past the documented deadline
-(docs/pytorch.md: the stall deadline, the controller's diagnosis and the meeting's deadline).
+controller killed while the switch lives; and the ways back to the switch a run on the hosts takes by
+joining again: the job created after a join that found it unknown, the controller started after a join
+that found none, the job deleted mid-run and created again under its name. Every call's total equals the
+uninterrupted run's bit for bit on every rank, every rank records the same path changes, and no call
+waits past the documented deadline (docs/pytorch.md: the stall deadline, the controller's diagnosis and
+the meeting's deadline).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
 
 from host_agent.agent import Agent
 from host_agent.path_join import join_or_fall_back
+from host_agent.paths import DEFAULT_REJOIN_EVERY_S
 from host_agent.process_group import ProcessGroupBackend
 from host_agent.transport.switch import COURTESY_RPC_S
 from lhc_launch.processes import ControllerProcess, SoftswitchProcess, free_tcp_port
@@ -68,7 +72,8 @@ class Stack:
         self.switch.terminate()
 
 
-def run(stack: Stack, job: str, before=lambda rank, call: None, controller: str = "") -> list[dict]:
+def run(stack: Stack, job: str, before=lambda rank, call: None, controller: str = "",
+        rejoin_every_s: float = DEFAULT_REJOIN_EVERY_S) -> list[dict]:
     """Every rank joins ``job`` (on ``controller``, default the stack's) with the hosts as the way out and
     makes the calls on its own thread: per rank its totals, paths, longest call and its path backend."""
     store, group = dist.HashStore(), next(_GROUPS)
@@ -79,7 +84,7 @@ def run(stack: Stack, job: str, before=lambda rank, call: None, controller: str 
         host = ProcessGroupBackend(gloo, device=torch.device("cpu"))
         paths = join_or_fall_back(controller or stack.controller.listen, job, host,
                                   join_timeout_s=JOIN_TIMEOUT_S, meet_timeout_s=MEET_TIMEOUT_S,
-                                  timeout_s=SWITCH_TIMEOUT_S, heartbeat_s=0.2)
+                                  timeout_s=SWITCH_TIMEOUT_S, heartbeat_s=0.2, rejoin_every_s=rejoin_every_s)
         agent = Agent(paths, timeout_s=2 * SWITCH_TIMEOUT_S)
         totals, taken, longest = [], [], 0.0
         for call in range(CALLS):
@@ -199,6 +204,63 @@ def test_a_job_the_controller_refuses_or_cannot_serve_runs_over_the_hosts_with_o
     assert len(warnings) == WORLD, warnings  # one per rank, naming the cause and what happens now
     cause = "no job named" if case == "unknown job" else nowhere
     assert all(cause in w and "process group" in w for w in warnings), warnings
+
+
+def _assert_back(ranks: list[dict], events: list[tuple[str, int]]) -> None:
+    """Every rank fell back and returned at ``events``' calls, and took the paths those imply."""
+    (_, left), (_, back) = events
+    for r in ranks:
+        assert [(e["event"], e["call"]) for e in r["backend"].events] == events, r["backend"].events
+        assert r["paths"] == ["switch"] * left + ["host"] * (back - left) + ["switch"] * (CALLS - back)
+        assert r["backend"].counters()["path_fallbacks"] == r["backend"].counters()["path_returns"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["job created", "controller started"])
+def test_a_run_that_fell_back_at_the_join_returns_when_its_job_can_be_served(case: str, stack: Stack,
+                                                                              uninterrupted) -> None:
+    """The join finds the job unknown (created on the hosts before call 2), or no controller at its
+    address (started there, on the same store, before call 2): the ranks join again at the vote of call
+    2's step boundary and every call from 2 on goes through the switch."""
+    job = stack.job(create=case == "controller started")
+    address = f"127.0.0.1:{free_tcp_port()}" if case == "controller started" else ""
+    if address:
+        stack.controller.terminate()
+
+    def before(rank: int, call: int) -> None:
+        if (rank, call) != (0, 2):
+            return
+        if address:
+            stack.controller = ControllerProcess(stack.switch, stack.state, *METRICS, "--listen", address)
+            stack.controller.wait_for_switch()
+        else:
+            stack.controller.client.create_job(job, workers=WORLD)
+
+    ranks = run(stack, job, before, controller=address, rejoin_every_s=0)
+    stack.heal()
+    _assert_bits(ranks, uninterrupted)
+    _assert_back(ranks, [("fallback", 0), ("return", 2)])
+
+
+@pytest.mark.slow
+def test_a_job_deleted_mid_run_and_created_again_takes_the_ranks_back(stack: Stack, uninterrupted) -> None:
+    """The operator deletes the job before call 3 (its entries leave the switch, call 3 stalls: every rank
+    moves to the hosts there) and creates it again under its name before call 6: at call 4's vote each
+    rank drops its membership (its job id is unknown now) and finds no job to join; at call 6's it joins
+    the new job, and the ranks return to the switch together."""
+    job = stack.job()
+
+    def before(rank: int, call: int) -> None:
+        if (rank, call) == (0, 3):
+            stack.controller.client.delete_job(job)
+        if (rank, call) == (0, 6):
+            created.append(stack.controller.client.create_job(job, workers=WORLD).job_id)
+
+    created: list[int] = []
+    ranks = run(stack, job, before, rejoin_every_s=0)
+    _assert_bits(ranks, uninterrupted)
+    _assert_back(ranks, [("fallback", 3), ("return", 6)])
+    assert [r["backend"].switch.job_id for r in ranks] == created * WORLD  # the new job, not the old
 
 
 @pytest.mark.slow

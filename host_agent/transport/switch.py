@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 from concurrent.futures import Future
 from dataclasses import replace
+from typing import Any
 
+import grpc
 import numpy as np
 import torch
 
@@ -23,6 +25,7 @@ from host_agent.transport.stream import PacketStream
 from lhc_ina.constants import Op
 from lhc_ina.jobservice import jobservice_pb2 as pb
 from lhc_ina.jobservice.client import JobClient, Joined, from_environment
+from lhc_ina.jobservice.errors import ControllerError
 from lhc_ina.tls import TlsConfig
 
 #: A member whose heartbeats are older than this is named silent when a packet stalls.
@@ -46,89 +49,146 @@ class SwitchBackend(Backend):
                  timeout_s: float, heartbeat_s: float, engine: str | None = None) -> None:
         self.client = client
         self.job = job
+        #: How this member names its job to the controller once joined: its id, so that a job deleted and
+        #: created again under the same name is never taken for this one (its beats say NOT_FOUND instead).
+        self.ref = str(joined.job_id)
         self.joined = joined
         self.rank = joined.rank
         self.world_size = joined.job.workers
         self.channel = channel
         self._engine = engine
-        self.stream = self._new_stream(joined.epoch, timeout_s)
+        self.timeout_s = timeout_s
+        #: None until the job is installed (:meth:`wait_installed`, :meth:`reopen`).
+        self.stream: PacketStream | None = None
         self._left = False
         self._fallen_epoch: int | None = None  # the epoch under which the path layer left the switch
         #: What the heartbeats tell the controller of this worker's paths (set by ``host_agent.paths``).
         self.path_report = ""
-        self.heartbeats = client.start_heartbeats(job, joined.rank, heartbeat_s, on_change=self._on_change,
-                                                  report=lambda: self.path_report)
+        self.heartbeats = client.start_heartbeats(self.ref, joined.rank, heartbeat_s,
+                                                  on_change=self._on_change, report=lambda: self.path_report)
 
     @classmethod
-    def join(cls, controller: str, job: str, *, ip: str = "127.0.0.1", udp_port: int = 0, host: str = "",
-             name: str = "", token: str | None = None, impairment: Impairment | None = None,
-             timeout_s: float = 30.0, heartbeat_s: float = 0.5, install_timeout_s: float = 60.0,
-             world_size: int | None = None, engine: str | None = None,
-             tls: TlsConfig | None = None) -> SwitchBackend:
-        """Join ``job`` on the controller at ``controller`` from ``ip:udp_port`` (0: a free port), or as
-        topology host ``host``; returns once the job's entries are on the switch. ``world_size``: the
-        size the caller's run expects (its process group's); a job of another size is refused at once.
-        ``engine``: the stream's per-packet engine, "native" (``_engine.c``), "python" (the reference) or
-        None (native where built). ``token`` (the job's credential) and ``tls`` (the CA that signed the
-        controller's certificate) default to ``LHC_TOKEN_FILE`` and ``LHC_TLS_*``."""
+    def join(cls, controller: str, job: str, *, install_timeout_s: float = 60.0,
+             **options: Any) -> SwitchBackend:
+        """Join ``job`` on the controller at ``controller`` (:meth:`enrol`) and return once the job's
+        entries are on the switch (within ``install_timeout_s``; else leave and raise)."""
+        member = cls.enrol(controller, job, rpc_timeout_s=min(30.0, install_timeout_s), **options)
+        try:
+            member.wait_installed(install_timeout_s)
+        except BaseException:
+            member.close()
+            raise
+        return member
+
+    @classmethod
+    def enrol(cls, controller: str, job: str, *, ip: str = "127.0.0.1", udp_port: int = 0, host: str = "",
+              name: str = "", token: str | None = None, impairment: Impairment | None = None,
+              timeout_s: float = 30.0, heartbeat_s: float = 0.5, rpc_timeout_s: float = 30.0,
+              world_size: int | None = None, engine: str | None = None,
+              tls: TlsConfig | None = None) -> SwitchBackend:
+        """A member of ``job`` on the controller at ``controller``, joined from ``ip:udp_port`` (0: a free
+        port) or as topology host ``host``, heartbeating; it aggregates once the job is installed
+        (:meth:`wait_installed`). ``world_size``: the size the caller's run expects (its process group's);
+        a job of another size is refused at once. ``timeout_s``: a packet's stall deadline.
+        ``rpc_timeout_s``: the controller's answers' deadline. ``engine``: the stream's per-packet engine,
+        "native" (``_engine.c``), "python" (the reference) or None (native where built). ``token`` (the
+        job's credential) and ``tls`` (the CA that signed the controller's certificate) default to
+        ``LHC_TOKEN_FILE`` and ``LHC_TLS_*``."""
         _engine_choice(engine)
         token, tls = from_environment(token, tls)
-        client = JobClient(controller, token=token, tls=tls, timeout=min(30.0, install_timeout_s))
+        client = JobClient(controller, token=token, tls=tls, timeout=rpc_timeout_s)
         channel = Channel((ip, udp_port), impairment=impairment or Impairment())
         try:
             joined = client.join(job, udp_port=channel.local[1], ip="" if host else ip, host=host, name=name)
             if world_size is not None and joined.job.workers != world_size:
                 with contextlib.suppress(Exception):
-                    client.leave(job, joined.rank, timeout=COURTESY_RPC_S)
+                    client.leave(str(joined.job_id), joined.rank, timeout=COURTESY_RPC_S)
                 raise ValueError(
                     f"job {job!r} has {joined.job.workers} workers but this run has {world_size}: every "
                     "worker of a job must belong to one run of that size (another run joined this job name?)"
                 )
             channel.switch = (joined.switch_ip, joined.switch_udp_port)
-            installed = client.wait_installed(job, timeout=install_timeout_s)
-            joined = replace(joined, epoch=installed.epoch, job=installed)
         except BaseException:
             channel.close()
             client.close()
             raise
         return cls(client, job, joined, channel, timeout_s=timeout_s, heartbeat_s=heartbeat_s, engine=engine)
 
+    def wait_installed(self, timeout_s: float) -> None:
+        """Until the job's entries are on the switch (every worker joined), then open the stream under the
+        job's epoch then; the controller's error (FAILED, not within ``timeout_s``) is raised."""
+        installed = self.client.wait_installed(self.job, timeout=timeout_s)
+        self._open(installed)
+
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
+        if self.stream is None:
+            raise AggregationError(f"job {self.job!r} is not installed on its switch(es) yet")
         return self.stream.submit(op, words.detach().cpu().numpy())  # the stream delivers a tensor
 
     def link_estimate(self) -> LinkEstimate | None:
+        if self.stream is None:
+            return None
         rtt, rate = self.stream.rtt.srtt, self.stream.bytes_per_s
         return LinkEstimate(rtt, rate) if rtt is not None and rate else None
 
     def counters(self) -> dict[str, int]:
-        return self.stream.counters()
+        return self.stream.counters() if self.stream is not None else {}
 
     def abandon(self, error: Exception) -> None:
         """This worker is out of step: fail its pending messages and leave the job at once, so that the
         peers' errors name it as gone (``_silent_ranks``) instead of waiting for its heartbeats to age."""
-        self.stream.fail(error if isinstance(error, AggregationError) else AggregationError(str(error)))
+        if self.stream is not None:
+            self.stream.fail(error if isinstance(error, AggregationError) else AggregationError(str(error)))
         self.heartbeats.stop()
         self._leave()
 
     # --- the path layer (host_agent.paths) -------------------------------------------------------------
+    @property
+    def job_id(self) -> int:
+        return self.joined.job_id
+
     def leave_path(self) -> None:
         """The ranks went on over the hosts: stop the stream (it sends nothing more) and remember its
         epoch; the membership and its heartbeats stay, so that the job can be used again."""
-        self._fallen_epoch = self.stream.who.epoch
-        self.stream.close()
+        if self.stream is not None:
+            self._fallen_epoch = self.stream.who.epoch
+            self.stream.close()
 
     def return_epoch(self) -> int:
-        """The epoch a new stream could use: the job installed under an epoch newer than the one the
-        path left (a switch back empty, a job re-admitted), else 0."""
+        """The epoch a new stream could use: the job, this very one, installed under an epoch newer than
+        the one the path left (a switch back empty, a job re-admitted, a job installed at last), as the
+        last heartbeat said; else 0."""
         info = self.heartbeats.latest
-        usable = info is not None and info.state == pb.ACTIVE and info.installed
+        usable = (self.heartbeats.error is None and info is not None and info.state == pb.ACTIVE
+                  and info.installed and info.job_id == self.joined.job_id)
         return info.epoch if usable and info.epoch != self._fallen_epoch else 0
 
+    def gone(self) -> str:
+        """Why this membership can never serve again (the job failed, or the controller no longer knows
+        it: deleted, ended, created again under its name, a controller that lost its store); "" else."""
+        error, info = self.heartbeats.error, self.heartbeats.latest
+        if error is not None and error.code == grpc.StatusCode.NOT_FOUND:
+            return f"job {self.job!r} (id {self.joined.job_id}) is gone from the controller: {error}"
+        if error is None and info is not None and info.state == pb.FAILED:
+            return f"job {self.job!r} failed: {info.failure}"
+        return ""
+
+    def refresh(self) -> None:
+        """Ask the controller now (one heartbeat), so that :meth:`return_epoch` reads its present answer."""
+        self.heartbeats.beat_now(COURTESY_RPC_S)
+
     def reopen(self, epoch: int) -> None:
-        """A fresh stream under ``epoch``, from position 0 (every rank does it at the same call)."""
-        self.stream.close()
-        self.stream = self._new_stream(epoch, self.stream.timeout_s)
+        """A fresh stream under ``epoch``, from position 0 (every rank does it at the same call), with the
+        job as the last heartbeat showed it installed (the wire identities of a job joined on the hosts)."""
+        if self.stream is not None:
+            self.stream.close()
+        info = self.heartbeats.latest
+        self._open(info if info is not None and info.job_id == self.joined.job_id else self.joined.job, epoch)
         self._fallen_epoch = None
+
+    def _open(self, installed: pb.JobInfo, epoch: int | None = None) -> None:
+        self.joined = replace(self.joined, epoch=installed.epoch if epoch is None else epoch, job=installed)
+        self.stream = self._new_stream(self.joined.epoch, self.timeout_s)
 
     def _new_stream(self, epoch: int, timeout_s: float) -> PacketStream:
         who = StreamIdentity(self.joined.job_id, self.rank, epoch, self.joined.slot_count,
@@ -139,7 +199,8 @@ class SwitchBackend(Backend):
 
     def close(self) -> None:
         self.heartbeats.stop()
-        self.stream.close()
+        if self.stream is not None:
+            self.stream.close()
         self.channel.close()
         self._leave()
         self.client.close()
@@ -149,10 +210,12 @@ class SwitchBackend(Backend):
             return
         self._left = True
         with contextlib.suppress(Exception):  # the controller may be gone; leaving is a courtesy
-            self.client.leave(self.job, self.rank, timeout=COURTESY_RPC_S)
+            self.client.leave(self.ref, self.rank, timeout=COURTESY_RPC_S)
 
     # --- what the controller says --------------------------------------------------------------------
     def _on_change(self, info: pb.JobInfo) -> None:
+        if self.stream is None or info.job_id != self.joined.job_id:
+            return  # nothing sent yet, or another job under this name: gone() tells the path layer
         if info.state == pb.FAILED:
             self.stream.fail(AggregationError(
                 f"job {self.job} failed: {info.failure}", _silent_ranks(info, exclude=self.rank)
@@ -162,8 +225,10 @@ class SwitchBackend(Backend):
 
     def _diagnose(self, what: str) -> tuple[str, tuple[int, ...]]:
         try:
-            info = self.client.status(self.job, timeout=COURTESY_RPC_S)
+            info = self.client.status(self.ref, timeout=COURTESY_RPC_S)
         except Exception as exc:  # the error must name what is known even then
+            if isinstance(exc, ControllerError) and exc.code == grpc.StatusCode.NOT_FOUND:
+                return f"{what}; job {self.job!r} (id {self.joined.job_id}) is gone from the controller", ()
             return f"{what}; the controller did not answer ({exc})", ()
         ranks = _silent_ranks(info, exclude=self.rank)
         if info.state == pb.FAILED:

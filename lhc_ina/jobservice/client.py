@@ -122,30 +122,39 @@ class Heartbeats:
         self._report = report
         self.error: ControllerError | None = None
         self._on_change = on_change
+        self._seen: tuple | None = None
+        self._beating = threading.Lock()  # the thread's beats and ``beat_now``'s, one at a time
+        self._member = (client, job, rank)
         self._stop = threading.Event()
         # A beat that takes longer than a few intervals is as good as missed; waiting longer would only
         # delay ``stop`` (and a worker's shutdown) when the controller is gone.
         self._rpc_timeout = max(1.0, 3 * interval)
         self._thread = threading.Thread(
-            target=self._run, args=(client, job, rank, interval), daemon=True, name=f"heartbeat-{job}-{rank}"
+            target=self._run, args=(interval,), daemon=True, name=f"heartbeat-{job}-{rank}"
         )
         self._thread.start()
 
-    def _run(self, client: JobClient, job: str, rank: int, interval: float) -> None:
-        seen = None
+    def _run(self, interval: float) -> None:
         while not self._stop.is_set():
+            self.beat_now(self._rpc_timeout)
+            self._stop.wait(interval)
+
+    def beat_now(self, timeout: float) -> None:
+        """One beat now, within ``timeout`` s (its answer in ``latest``, or its error in ``error``): what a
+        caller that decides from ``latest`` does when a beat's age matters."""
+        client, job, rank = self._member
+        with self._beating:
             try:
                 report = self._report() if self._report is not None else ""
-                self.latest = client.heartbeat(job, rank, timeout=self._rpc_timeout, report=report)
+                self.latest = client.heartbeat(job, rank, timeout=timeout, report=report)
                 self.error = None
             except ControllerError as exc:
                 self.error = exc
-            else:
-                key = (self.latest.state, self.latest.epoch, self.latest.installed)
-                if key != seen and self._on_change is not None:
-                    self._on_change(self.latest)
-                seen = key
-            self._stop.wait(interval)
+                return
+            key = (self.latest.state, self.latest.epoch, self.latest.installed)
+            if key != self._seen and self._on_change is not None:
+                self._on_change(self.latest)
+            self._seen = key
 
     def stop(self) -> None:
         self._stop.set()
