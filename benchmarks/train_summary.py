@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 from pathlib import Path
 
 from benchmarks import figures
 from benchmarks.models import MODELS
 from benchmarks.train_ways import BY_NAME
-from lhc_demo.summary import WARMUP_STEPS, bytes_per_step, mean_losses, step_time
+from lhc_demo.summary import WARMUP_STEPS, bytes_per_step, mean_losses, steady_mean, step_time
 
 #: The ways whose losses must equal dense-through-the-switch's bit for bit (exact sums of one quantization).
 EXACT_THROUGH_SWITCH = ("lhc", "lhc_fastest")
@@ -41,7 +40,7 @@ def density(ranks: list[dict]) -> dict | None:
 def summarize(runs: dict[str, list[dict]]) -> dict:
     """The JSON of one model's run: a row per way, the model's layout, and whether lhc equals dense."""
     first = next(iter(runs.values()))[0]
-    times = {name: step_time(ranks) for name, ranks in runs.items()}
+    times = {name: step_time(ranks, BY_NAME[name].warmup_steps) for name, ranks in runs.items()}
     losses = {name: mean_losses(ranks[0]) for name, ranks in runs.items()}
     measured = {name: density(ranks) for name, ranks in runs.items()}
     model_density = measured.get("lhc") or next((d for d in measured.values() if d), None)
@@ -53,7 +52,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
             "step_s": times[name],
             "speedup_vs_ddp": times["ddp"] / times[name] if "ddp" in times else None,
             "speedup_vs_powersgd": times["powersgd"] / times[name] if "powersgd" in times else None,
-            "bytes_per_worker_step": bytes_per_step(ranks), "bytes_basis": ranks[0]["bytes_basis"],
+            "bytes_per_worker_step": bytes_per_step(ranks, way.warmup_steps),
+            "bytes_basis": ranks[0]["bytes_basis"], "timed_from_step": way.warmup_steps,
             "gradient_density": (measured[name] or model_density or {}).get("overall"),
             "gradient_density_from": name if measured[name] else "lhc (the same model's buckets)",
             "final_loss": losses[name][-1],
@@ -61,10 +61,11 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
             "max_loss_diff_vs_ddp": (max(abs(a - b) for a, b in zip(losses[name], losses["ddp"], strict=True))
                                      if "ddp" in losses else None),
         }
+        resident = [mb for rank in ranks for mb in rank.get("resident_mb", ()) if mb is not None]
+        row["peak_resident_mb_per_worker"] = max(resident) if resident else None
         if ranks[0]["modes"]:
             row["lhc_modes"] = ranks[0]["modes"]
-            row["aggregate_s"] = statistics.fmean(ranks[0]["aggregate_s"][WARMUP_STEPS:] or
-                                                  ranks[0]["aggregate_s"])
+            row["aggregate_s"] = steady_mean(ranks[0]["aggregate_s"], way.warmup_steps)
         if name in EXACT_THROUGH_SWITCH and "dense" in runs:
             row["losses_equal_dense"] = all(a["losses"] == b["losses"]
                                             for a, b in zip(ranks, runs["dense"], strict=True))
@@ -73,7 +74,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
     return {
         "model": first["model"], "size": first["size"], "parameters": first["parameters"],
         "config": first["config"], "workers": first["world"], "steps": len(first["step_s"]),
-        # steady_mean's: the steps after the warm-up, all of them in a shorter run
+        # steady_mean's: the steps after the warm-up (each row's timed_from_step), all in a shorter run
         "timed_steps": len(first["step_s"][WARMUP_STEPS:] or first["step_s"]),
         "gradient_density": model_density,
         # None where no exact lhc way ran beside dense: nothing was compared

@@ -15,8 +15,10 @@ fresh objects loaded from that checkpoint, as a restarted job would.
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
+import os
 import time
 from pathlib import Path
 
@@ -119,12 +121,21 @@ class Trainer:
         return loss.item()
 
 
+def resident_mb() -> float | None:
+    """This process's resident memory now (MB), where /proc says it; None elsewhere."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def train(args: argparse.Namespace, model: str, way: str) -> dict:
     """Train ``model`` ``args.steps`` steps ``way``: every rank's per-step losses, this rank's times, bytes
     and densities."""
     trainer = Trainer(args, model, way)
     parameters = trainer.workload.parameters()
-    losses, step_s, costs = [], [], []
+    losses, step_s, costs, resident = [], [], [], []
     for step in range(args.steps):
         batch = trainer.workload.batch(args.rank, step)
         if step == args.resume_at:
@@ -134,6 +145,7 @@ def train(args: argparse.Namespace, model: str, way: str) -> dict:
         losses.append(trainer.step(batch))
         step_s.append(time.perf_counter() - started)
         costs.append(trainer.hook.pop_step(parameters))
+        resident.append(resident_mb())
         if args.progress:
             print(f"step {model} {way} {step} loss {losses[-1]:.6f} {step_s[-1]:.3f}s", flush=True)
     every_rank: list[list[float]] = [[] for _ in range(args.world)]
@@ -146,6 +158,7 @@ def train(args: argparse.Namespace, model: str, way: str) -> dict:
         "bytes_basis": costs[-1]["bytes_basis"] if costs else "",
         "modes": sorted({mode for cost in costs for mode in cost.get("modes", ())}),
         "aggregate_s": [cost.get("network_s", 0.0) for cost in costs],
+        "resident_mb": resident,
         "density": {str(index): list(counts) for index, counts in trainer.hook.density().items()},
     }
 
@@ -161,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models:
             for way in args.ways:
                 results.append(train(args, model, way))
+                gc.collect()  # the way's model, optimizer and hook (DDP's hook state holds cycles) go now
                 dist.barrier()  # every rank done before the next way starts
         return results
 

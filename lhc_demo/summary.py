@@ -23,21 +23,21 @@ def mean_losses(run: dict) -> list[float]:
     return [statistics.fmean(step) for step in zip(*run["losses"], strict=True)]
 
 
-def steady_mean(values: list[float]) -> float:
-    """The mean after the warm-up steps (all of them when the run is shorter than that)."""
-    tail = values[WARMUP_STEPS:] or values
+def steady_mean(values: list[float], warmup: int = WARMUP_STEPS) -> float:
+    """The mean after the ``warmup`` steps (all of them when the run is shorter than that)."""
+    tail = values[warmup:] or values
     return statistics.fmean(tail) if tail else 0.0
 
 
-def step_time(ranks: list[dict]) -> float:
+def step_time(ranks: list[dict], warmup: int = WARMUP_STEPS) -> float:
     """A step lasts as long as its slowest rank."""
     per_step = [max(step) for step in zip(*(r["step_s"] for r in ranks), strict=True)]
-    return steady_mean(per_step)
+    return steady_mean(per_step, warmup)
 
 
-def bytes_per_step(ranks: list[dict]) -> float:
+def bytes_per_step(ranks: list[dict], warmup: int = WARMUP_STEPS) -> float:
     """Bytes one worker put on the wire per step (rank 0's; every rank sends the same amount)."""
-    return steady_mean([float(b) for b in ranks[0]["bytes_per_step"]])
+    return steady_mean([float(b) for b in ranks[0]["bytes_per_step"]], warmup)
 
 
 def host_steps(ranks: list[dict]) -> list[int]:

@@ -84,6 +84,18 @@ def test_the_summary_says_when_lhc_differs_from_dense() -> None:
     assert summarize({"ddp": runs["ddp"], "lhc": [_rank("lhc", same)]})["lhc_losses_equal_dense"] is None
 
 
+def test_the_summary_times_the_fastest_path_once_its_trials_are_over() -> None:
+    """lhc_fastest's first three steps are each bucket's warm-up call and its two trials (one on the
+    hosts): its mean starts at step 3, the other ways' at step 2; peak memory is the ranks' largest."""
+    losses = [[0.5] * 5]
+    runs = {way: [{**_rank(way, losses), "step_s": [9.0, 9.0, 9.0, 1.0, 1.0], "bytes_per_step": [10] * 5,
+                   "resident_mb": [100.0, 300.0, None, 200.0, 200.0]}] for way in ("ddp", "lhc_fastest")}
+    rows = {row["way"]: row for row in summarize(runs)["ways"]}
+    assert rows["ddp"]["step_s"] == (9.0 + 1.0 + 1.0) / 3 and rows["ddp"]["timed_from_step"] == 2
+    assert rows["lhc_fastest"]["step_s"] == 1.0 and rows["lhc_fastest"]["timed_from_step"] == 3
+    assert rows["lhc_fastest"]["peak_resident_mb_per_worker"] == 300.0
+
+
 def _args(**options: object) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     train.add_arguments(parser)
