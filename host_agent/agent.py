@@ -77,6 +77,7 @@ class _Call:
     reason: str = ""
     prepared_ahead: bool = False
     step_end: bool = False  # the caller's last call of a training step (where paths may change)
+    in_place: bool = False  # the total goes into ``tensor`` itself
     redone: int = 0  # times it started again on another path after a switch-path failure
     order: DeviceOrder | None = None  # a CUDA tensor's stream order (None on the CPU)
 
@@ -153,31 +154,36 @@ class Agent:
 
     def allreduce(self, tensor: torch.Tensor, *, mode: str | None = None, key: Hashable | None = None,
                   block: int | None = None, output_range: tuple[int, int] | None = None,
-                  step_end: bool = False) -> AllreduceResult:
+                  step_end: bool = False, in_place: bool = False) -> AllreduceResult:
         """The exact sum of ``tensor`` over all workers (see :meth:`allreduce_async`)."""
         future = self.allreduce_async(tensor, mode=mode, key=key, block=block, output_range=output_range,
-                                      step_end=step_end)
+                                      step_end=step_end, in_place=in_place)
         return future.result()
 
     def allreduce_async(self, tensor: torch.Tensor, *, mode: str | None = None, key: Hashable | None = None,
                         block: int | None = None,
                         output_range: tuple[int, int] | None = None,
-                        step_end: bool = False) -> Future[AllreduceResult]:
+                        step_end: bool = False, in_place: bool = False) -> Future[AllreduceResult]:
         """Start aggregating ``tensor`` (any shape; int32 exactly, floats at one agreed power-of-two
         scale). ``key`` names the bucket whose codec state carries over (default: its size and dtype).
         ``output_range`` ``(lo, hi)``: decode only the flat elements lo..hi-1 (this worker's shard of a
         reduce_scatter); the total is then that 1-D slice of the whole sum, bit for bit. Workers may pass
         different ranges: the messages do not depend on it (:mod:`host_agent.codec.output`).
         ``step_end``: this is the step's last call (where the ranks may return to the switch together).
+        ``in_place``: the total is written into ``tensor`` (contiguous), as ``dist.all_reduce`` does, once
+        the call has read all it needs of it: no bucket-sized allocation for the result.
         ``tensor`` must not change until the future is done."""
         mode = mode or self.mode
         if mode not in AGENT_MODES:
             raise ValueError(f"mode must be one of {AGENT_MODES}, not {mode!r}")
         OutputRange.of(output_range, tensor.numel())  # a bad range fails here, not on the agent's thread
+        if in_place and (output_range is not None or not tensor.is_contiguous()):
+            raise ValueError("in_place needs a contiguous tensor and no output_range (the total is all "
+                             "of it)")
         key = (tensor.numel(), tensor.dtype) if key is None else key
         with self._lock:  # queue and submit together: the n-th submission runs the n-th queued call
             call = _Call(self._calls, tensor, mode, key, block or self.block, output_range,
-                         step_end=step_end, order=DeviceOrder.of(tensor, self._streams))
+                         step_end=step_end, in_place=in_place, order=DeviceOrder.of(tensor, self._streams))
             self._calls += 1
             self._queue.append(call)
             self._pending += 1
@@ -266,7 +272,8 @@ class Agent:
         # Phase times for the stats; on a GPU they would cost a synchronize per phase, so only on request.
         options = {"timing": call.tensor.device.type == "cpu", **self.codec_options}
         session = WorkerSession(call.tensor.reshape(-1), self.rank, self.world_size, mode=call.chosen,
-                                block=call.block, state=state, output_range=call.output_range, **options)
+                                block=call.block, state=state, output_range=call.output_range,
+                                out=call.tensor.view(-1) if call.in_place else None, **options)
         call.session = session
         with running(call.order):
             session.advance()

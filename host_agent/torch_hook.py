@@ -188,4 +188,6 @@ def lhc_hook(state: LhcHookState, bucket: dist.GradBucket) -> torch.futures.Futu
         return reduced.total.div_(state.world_size).to(buffer.dtype)
 
     # The training step raises an error where it waits for gradients.
-    return state.agent.allreduce_torch_future(gradient, finish, key=key, step_end=bucket.is_last())
+    # in place: the sum overwrites the bucket (or its float32 copy), as DDP's own allreduce does
+    return state.agent.allreduce_torch_future(gradient, finish, key=key, step_end=bucket.is_last(),
+                                              in_place=True)

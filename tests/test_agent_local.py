@@ -14,7 +14,8 @@ from host_agent.codec.arith import add_int32
 from host_agent.errors import AggregationError
 from host_agent.torch_hook import LhcHookState, _sparsify
 from lhc_ina.constants import MAX_JOB_WORKERS
-from tests.harness.agents import run_local
+from tests.harness.agents import run_local, sparse_inputs
+from tests.harness.local_backend import LocalGroup
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -90,6 +91,35 @@ def test_a_dense_bucket_stays_dense_under_auto(block: int) -> None:
     assert first == second
     assert [mode for mode, _ in first] == ["sketch", "dense", "dense", "dense"]
     assert {items for _, items in first[1:]} == {-(-30_001 // block)}  # every item nonzero, capped at n
+
+
+@pytest.mark.parametrize("mode", ["dense", "sketch", "union", "auto"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_in_place_writes_the_same_total_into_the_input(mode: str, dtype: torch.dtype) -> None:
+    """``in_place``: the input holds the total afterwards, the very bits a new tensor would have held,
+    in every mode (each reads its input in its first rounds, and writes the total only at the end)."""
+    inputs = sparse_inputs(3, 20_000, 0.05, dtype, seed=7)
+
+    def work(agent: Agent) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        mine = inputs[agent.rank].clone()
+        apart = agent.allreduce(mine, mode=mode, key="apart").total
+        result = agent.allreduce(mine, mode=mode, key="in place", in_place=True)
+        return apart, mine, result.total.data_ptr() == mine.data_ptr()
+
+    for apart, overwritten, same_storage in run_local(3, work):
+        assert same_storage
+        assert torch.equal(overwritten, apart)
+
+
+def test_in_place_is_refused_for_a_strided_input_or_a_range() -> None:
+    agent = Agent(LocalGroup(1).members()[0])
+    try:
+        with pytest.raises(ValueError, match="in_place needs a contiguous tensor"):
+            agent.allreduce(torch.ones(10, 2)[:, 0], in_place=True)
+        with pytest.raises(ValueError, match="no output_range"):
+            agent.allreduce(torch.ones(10), in_place=True, output_range=(0, 5))
+    finally:
+        agent.close()
 
 
 def test_local_backend_fails_every_member_on_a_length_mismatch() -> None:
