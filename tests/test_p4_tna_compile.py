@@ -2,10 +2,10 @@
 
 - bf-p4c compiles ``p4src/tna/lhc.p4`` for Tofino-1 without a warning, and its assembler writes the
   binary (``pipe/tofino.bin``) and the driver's ``pipe/context.json``.
-- The placement is docs/tofino.md's: 12 stages at most, the slot state in stages 1 (rounds) and 2
-  (bitmaps), the value register pairs four per stage after `seen`; the two-level tables (docs/switch.md,
-  "Two levels") in it: `uplinks` with `jobs` in stage 0, `full_round` where the values start, `outcome`
-  after it.
+- The placement is docs/tofino.md's: 12 stages at most, the slot state in stages 1 (rounds), 2
+  (bitmaps) and 3 (a leaf's parent's bitmap), the value register pairs four per stage after `seen`; the
+  two-level tables (docs/switch.md, "Two levels") in it: `uplinks` with `jobs` in stage 0, `full_round`
+  where the values start, `outcome` after it.
 - The stateful ALUs return what the program means: the stored value (``mem_*``) where a RegisterAction
   returns a half before updating it (bf-p4c 9.13.4 can silently pick the updated one, ``alu_*``), the
   updated one where it means that.
@@ -79,6 +79,8 @@ def test_placement_fits_tofino1(compiled: tuple[Path, str]) -> None:
     rounds = [f"LhcIngress.round_{kind}_{copy}" for kind in ("stale", "start") for copy in ("c0", "c1")]
     assert all(stages[name] == [1] for name in rounds), {name: stages[name] for name in rounds}
     assert stages["LhcIngress.bitmaps"] == [2]
+    # The parent's bitmap a leaf's copy stores, after `bitmaps` said whether the copy awaited it.
+    assert stages["LhcIngress.parent_bitmaps"] == [3]
     pairs = [f"LhcIngress.values_{a}_{a + 1}" for a in range(0, c.LANES, 2)]
     per_stage = Counter(s for name in pairs for s in stages[name])
     assert sum(per_stage.values()) == len(pairs), "each pair register lives in one stage"
@@ -112,9 +114,11 @@ def test_stateful_alus_return_what_the_program_means(compiled: tuple[Path, str])
         assert output(f"round_stale_{copy}_check").endswith("mem_hi"), copy
         assert output(f"round_start_{copy}_check").endswith("alu_hi"), copy
     assert output("bitmap_join").endswith("mem_lo")
-    # A parent's result: stored (output 0) only by a copy that awaits it, else the bitmap as found; its
-    # round check outputs nonzero (a predicate) for any other round, and writes nothing.
-    assert output("bitmap_store") == "cmplo, mem_lo"
+    # A parent's result: the copy's state as found (stored only by a copy that awaits it); its round check
+    # outputs nonzero (a predicate) for any other round, and writes nothing. A leaf's final copy answers a
+    # repeat with the parent's bitmap as stored.
+    assert output("bitmap_store") == "mem_hi"
+    assert output("parent_bitmap_read") == "mem_lo"
     for copy in ("c0", "c1"):
         assert output(f"round_other_{copy}_check").endswith("predicate"), copy
     for a in range(0, c.LANES, 2):

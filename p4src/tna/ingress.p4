@@ -190,9 +190,20 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         hdr.lhc.bitmap = meta.old_bitmap | meta.worker_bit;
     }
 
+    // The parent's result the copy holds (a leaf's final copy), read by a later packet of the round; the
+    // first of a round holds none.
+    action forget_parent_result() {
+        parent_bitmap_clear.execute(meta.cell);
+    }
+
+    action read_parent_result() {
+        meta.stale = parent_bitmap_read.execute(meta.cell);
+    }
+
     // What the round's bitmap (this packet's bit included) means for the job: its result mask (the round
-    // is finished), or on a leaf its workers' mask (the copy awaits its parent). The controller writes one
-    // entry per job, two on a leaf (lhc_ina.jobs.job_entries, target "tna"): the masks are per job.
+    // is finished), or on a leaf its workers' mask (every worker is in: the copy awaits its parent, or is
+    // final once it stored its result, which `read_parent_result` tells). The controller writes one entry per
+    // job (lhc_ina.jobs.job_entries, target "tna"): the masks are per job.
     action round_is_full() {
         meta.finished = 1;
     }
@@ -208,7 +219,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         }
         actions = { round_is_full; round_awaits_parent; @defaultonly NoAction; }
         const default_action = NoAction();
-        size = 2 * LHC_MAX_JOBS;
+        size = LHC_MAX_JOBS;
     }
 
     // --- outcomes -------------------------------------------------------------------------------------
@@ -267,6 +278,12 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         hdr.recirc.flags = LHC_RECIRC_UP_RETX_LO;
         meta.stat = (bit<8>)LHC_STAT_UP_RETX;
         to_recirculation();
+    }
+
+    // A repeat of a leaf's final copy: RESULT_RETX with the bitmap of the parent's result it stored.
+    action retransmit_parent_result() {
+        hdr.lhc.bitmap = meta.stale;
+        retransmit();
     }
 
 #include "ingress_results.p4"
@@ -333,10 +350,10 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                         reject_stale_result();
                     } else {
                         store_result();
-                        if (meta.old_bitmap == 0) {
+                        if (meta.old_bitmap == LHC_AWAITING_PARENT) {
                             stored_result();
-                        } else {
-                            note_result();
+                        } else if (meta.old_bitmap == LHC_COPY_FINAL) {
+                            result_already_stored();
                         }
                     }
                 } else {
@@ -352,8 +369,10 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                     } else {
                         if (meta.starts != 0) {
                             start_round();
+                            forget_parent_result();
                         } else {
                             join_round();
+                            read_parent_result();
                         }
                         note_bitmap();
                     }
