@@ -9,6 +9,8 @@
 - The stateful ALUs return what the program means: the stored value (``mem_*``) where a RegisterAction
   returns a half before updating it (bf-p4c 9.13.4 can silently pick the updated one, ``alu_*``), the
   updated one where it means that.
+- A leaf's repeat of a copy with every worker in tells awaiting from final by the stored parent's bitmap
+  (`outcome`'s entries as installed).
 - The ingress parser keeps its selects (a compiler without p4lang/p4c#5753 silently drops them).
 
 They skip (conftest.py) where no Tofino compiler is found: ``bf-p4c`` from Intel's SDE, ``$BF_P4C``, or
@@ -125,6 +127,27 @@ def test_stateful_alus_return_what_the_program_means(compiled: tuple[Path, str])
         for kind in ("first", "add", "or"):
             assert output(f"{kind}_{a}_{a + 1}").endswith("alu_lo"), (kind, a)  # the updated low half
         assert output(f"hi_{a}_{a + 1}").endswith("mem_hi"), a
+
+
+def test_a_leafs_repeat_tells_awaiting_from_final_by_the_stored_bitmap(compiled: tuple[Path, str]) -> None:
+    # `outcome`'s const entries as the driver will install them: a repeat with every worker of a leaf in
+    # sends the partial up again only while the copy holds no parent's bitmap (`meta.stale` exactly 0);
+    # the next entry answers from a final copy.
+    out, _ = compiled
+    tables = json.loads((out / "pipe" / "context.json").read_text())["tables"]
+    outcome = next(t for t in tables if t["name"] == "LhcIngress.outcome")
+    names = {a["handle"]: a["name"].split(".")[-1] for a in outcome["actions"]}
+    entries = sorted(outcome["static_entries"], key=lambda e: e["priority"])
+    order = [names[e["action_handle"]] for e in entries]
+    up_again = order.index("up_retransmit")
+    assert order[up_again + 1] == "retransmit_parent_result", order
+
+    def stale(entry: dict) -> tuple[int, int]:
+        field = next(f for f in entry["match_key_fields_values"] if f["field_name"].endswith("stale"))
+        return int(field["value"], 16), int(field["mask"], 16)
+
+    assert stale(entries[up_again]) == (0, 0xFFFFFFFF)
+    assert stale(entries[up_again + 1]) == (0, 0)
 
 
 def test_ingress_parser_keeps_its_selects(compiled: tuple[Path, str]) -> None:
