@@ -131,8 +131,8 @@ def test_stateful_alus_return_what_the_program_means(compiled: tuple[Path, str])
 
 def test_a_leafs_repeat_tells_awaiting_from_final_by_the_stored_bitmap(compiled: tuple[Path, str]) -> None:
     # `outcome`'s const entries as the driver will install them: a repeat with every worker of a leaf in
-    # sends the partial up again only while the copy holds no parent's bitmap (`meta.stale` exactly 0);
-    # the next entry answers from a final copy.
+    # sends the partial up again only while the copy holds no parent's bitmap (`meta.parent_bitmap`
+    # exactly 0); the next entry answers from a final copy.
     out, _ = compiled
     tables = json.loads((out / "pipe" / "context.json").read_text())["tables"]
     outcome = next(t for t in tables if t["name"] == "LhcIngress.outcome")
@@ -142,12 +142,12 @@ def test_a_leafs_repeat_tells_awaiting_from_final_by_the_stored_bitmap(compiled:
     up_again = order.index("up_retransmit")
     assert order[up_again + 1] == "retransmit_parent_result", order
 
-    def stale(entry: dict) -> tuple[int, int]:
-        field = next(f for f in entry["match_key_fields_values"] if f["field_name"].endswith("stale"))
+    def parent_bitmap(entry: dict) -> tuple[int, int]:
+        field = next(f for f in entry["match_key_fields_values"] if f["field_name"].endswith("parent_bitmap"))
         return int(field["value"], 16), int(field["mask"], 16)
 
-    assert stale(entries[up_again]) == (0, 0xFFFFFFFF)
-    assert stale(entries[up_again + 1]) == (0, 0)
+    assert parent_bitmap(entries[up_again]) == (0, 0xFFFFFFFF)
+    assert parent_bitmap(entries[up_again + 1]) == (0, 0)
 
 
 def test_ingress_parser_keeps_its_selects(compiled: tuple[Path, str]) -> None:

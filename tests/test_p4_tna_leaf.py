@@ -67,12 +67,12 @@ class Copy:
         self.bitmaps, self.parent = Cell(0, 0), Cell(0, 0)
 
     def _outcome(self, from_parent: int, vmode: str, seen: int, bitmap: int, finished: int,
-                 stale: int) -> str:
+                 parent_bitmap: int) -> str:
         action = self.full_round.get(bitmap)
         finished |= action == ROUND_IS_FULL
         return self.tna.outcome(from_parent=from_parent, vmode=self.tna.consts[vmode], seen=seen,
                                 finished=finished, awaits=int(action == ROUND_AWAITS_PARENT), flags=0,
-                                has_uplink=self.has_uplink, stale=stale)
+                                has_uplink=self.has_uplink, parent_bitmap=parent_bitmap)
 
     def data(self, rank: int, first: bool = False) -> tuple[str, int]:
         """A worker's DATA (a leaf's partial, at a spine): the outcome and the bitmap it carries on."""
@@ -80,16 +80,16 @@ class Copy:
         if first:  # start_round(); forget_parent_result();
             self.tna.register("bitmap_start", self.bitmaps, meta__worker_bit=bit)
             self.tna.register("parent_bitmap_clear", self.parent)
-            old, vmode, stale = 0, "LHC_VMODE_START", 0
+            old, vmode, parent_bitmap = 0, "LHC_VMODE_START", 0
         else:  # join_round(); read_parent_result();
             old = self.tna.register("bitmap_join", self.bitmaps, meta__worker_bit=bit)
-            stale = self.tna.register("parent_bitmap_read", self.parent)
+            parent_bitmap = self.tna.register("parent_bitmap_read", self.parent)
             vmode = "LHC_VMODE_SAME"
         bitmap = old | bit  # note_bitmap()
-        action = self._outcome(0, vmode, old & bit, bitmap, 0, stale)
+        action = self._outcome(0, vmode, old & bit, bitmap, 0, parent_bitmap)
         if action in ("up", "up_retransmit"):  # the later pass that sends the partial up
             self.tna.register("bitmap_await", self.bitmaps, hdr__lhc__bitmap=bitmap)
-        return action, stale if action == "retransmit_parent_result" else bitmap
+        return action, parent_bitmap if action == "retransmit_parent_result" else bitmap
 
     def parent_result(self, bitmap: int) -> str:
         """The parent's result of the copy's round (store_result(), then the branch on the state)."""
@@ -111,14 +111,14 @@ def test_the_model_follows_the_program(tna: Tna) -> None:
         "store_result(); if (meta.old_bitmap == LHC_AWAITING_PARENT) { stored_result(); } "
         "else if (meta.old_bitmap == LHC_COPY_FINAL) { result_already_stored(); }",
         "action forget_parent_result() { parent_bitmap_clear.execute(meta.cell); }",
-        "action read_parent_result() { meta.stale = parent_bitmap_read.execute(meta.cell); }",
+        "action read_parent_result() { meta.parent_bitmap = parent_bitmap_read.execute(meta.cell); }",
         "action stored_result() { meta.vmode = LHC_VMODE_START; parent_bitmap_store.execute(meta.cell); }",
         "action result_already_stored() { meta.finished = 1; }",
-        "action retransmit_parent_result() { hdr.lhc.bitmap = meta.stale; retransmit(); }",
+        "action retransmit_parent_result() { hdr.lhc.bitmap = meta.parent_bitmap; retransmit(); }",
     ):
         assert text in tna.apply, text
     assert [key.split(".")[-1] for key in tna.outcome_keys] == [
-        "from_parent", "vmode", "seen", "finished", "awaits", "flags", "has_uplink", "stale"]
+        "from_parent", "vmode", "seen", "finished", "awaits", "flags", "has_uplink", "parent_bitmap"]
 
 
 @pytest.mark.parametrize("per_leaf, leaf", [

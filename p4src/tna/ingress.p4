@@ -7,6 +7,10 @@
 // whose value and mask take action-data-bus bytes, which stage 1 needs for the round registers' outputs.
 @pa_solitary("ingress", "meta.stat")
 @pa_solitary("ingress", "ig_intr_md_for_dprsr.drop_ctl")
+// A leaf's parent's bitmap (stages 3 to 5) in the container of the stale check's output (stages 1 and 2):
+// a container of its own moved the PHV allocation so that bf-p4c 9.13.4 stopped with an internal error in
+// `uplinks`' action data format (docs/tofino.md, "Two levels").
+@pa_alias("ingress", "meta.parent_bitmap", "meta.stale")
 control LhcIngress(inout lhc_ig_headers_t hdr,
                    inout lhc_ig_metadata_t meta,
                    in ingress_intrinsic_metadata_t ig_intr_md,
@@ -197,7 +201,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
     }
 
     action read_parent_result() {
-        meta.stale = parent_bitmap_read.execute(meta.cell);
+        meta.parent_bitmap = parent_bitmap_read.execute(meta.cell);
     }
 
     // What the round's bitmap (this packet's bit included) means for the job: its result mask (the round
@@ -282,7 +286,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
 
     // A repeat of a leaf's final copy: RESULT_RETX with the bitmap of the parent's result it stored.
     action retransmit_parent_result() {
-        hdr.lhc.bitmap = meta.stale;
+        hdr.lhc.bitmap = meta.parent_bitmap;
         retransmit();
     }
 

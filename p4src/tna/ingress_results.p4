@@ -93,7 +93,7 @@
     // What becomes of the packet, from what the stages before found: one table, so that the outcomes
     // take one stage's logical tables, not one gateway and one table each. Entries in priority order.
     // full_round's flags matter only for a contribution (START or SAME); a parent's result sets `finished`
-    // itself. The last key, meta.stale, is then the parent's bitmap a leaf's final copy holds (0 otherwise).
+    // itself. meta.parent_bitmap is nonzero only for a repeat of a leaf's final copy.
     table outcome {
         key = {
             meta.from_parent: ternary;
@@ -103,7 +103,7 @@
             meta.awaits: ternary;
             hdr.recirc.flags: ternary;
             meta.has_uplink: ternary;
-            meta.stale: ternary;
+            meta.parent_bitmap: ternary;
         }
         actions = {
             result_from_parent; duplicate; reject_stale_result; result; up; absorbed; retransmit;

@@ -64,20 +64,18 @@ struct lhc_ig_metadata_t {
     bit<16> slot_room;     // slot_count - slot mod 2^16: in [1, MAX_SLOTS] exactly when slot < slot_count
     cell_index_t cell;     // ver ++ slot
     bit<32> stale;         // nonzero: the packet is of a round older than its copy's (round_stale_cV);
-                           // a parent's result: not of the copy's round (round_other_cV). Once that
-                           // check passed, a DATA packet that joins a round reuses it for the bitmap of
-                           // the parent's result its copy holds (parent_bitmaps; 0: none), which a
-                           // leaf's final copy repeats. One field for both: a field of its own moved
-                           // the PHV allocation so that bf-p4c 9.13.4 stopped with an internal error in
-                           // `uplinks`' action data format (docs/tofino.md, "Two levels").
+                           // a parent's result: not of the copy's round (round_other_cV)
     bit<32> starts;        // nonzero: it starts the copy's round: a fresh copy or a newer round
     bit<32> old_bitmap;    // this copy's bitmap before this packet (0 for the first of a round); for a
                            // parent's result, the copy's state as found (bitmaps.hi, LHC_COPY_*)
     bit<32> seen;          // old_bitmap & worker_bit: a repeat
+    bit<32> parent_bitmap; // a later packet of a round: the bitmap of the parent's result its copy holds
+                           // (parent_bitmaps; 0: none), which a leaf's final copy repeats. It shares
+                           // `stale`'s container (@pa_alias in ingress.p4), dead by then
     bit<1>  finished;      // hdr.lhc.bitmap (old | this worker) is the job's result mask (full_round);
                            // a parent's result: the copy holds it already (a duplicate)
     bit<1>  awaits;        // ... is a leaf's workers' mask: every worker is in; the copy awaits its
-                           // parent, or holds its result when `stale` is nonzero (full_round)
+                           // parent, or holds its result when parent_bitmap != 0 (full_round)
     bit<8>  vmode;
     bit<8>  stat;
     // Two levels: a leaf's way up (`uplinks`), and whether this packet is its parent's result.
