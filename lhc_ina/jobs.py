@@ -32,7 +32,7 @@ SET_JOB = "LhcIngress.set_job"
 ADMIT_WORKER = "LhcIngress.admit_worker"
 SET_REPLICA_DST = "LhcEgress.set_replica_dst"
 SET_UPLINK = "LhcIngress.set_uplink"
-#: TNA only (p4src/tna): what a round's bitmap means for the job, one entry per mask.
+#: TNA only (p4src/tna): what a round's bitmap means for the job, one entry per job.
 FULL_ROUND_TABLE = "LhcIngress.full_round"
 ROUND_IS_FULL = "LhcIngress.round_is_full"
 ROUND_AWAITS_PARENT = "LhcIngress.round_awaits_parent"
@@ -100,7 +100,7 @@ class JobLayout:
     ``fan_in`` defaults to the number of workers; a smaller value (tests only) completes a round with the
     first ``fan_in`` distinct contributors. ``uplink`` makes the switch a leaf of a two-level job, and
     ``result_mask`` is then the bitmap of its parent's results (the mask of the job's leaves;
-    ``lhc_ina.fabric`` sets it): TNA tells a final copy by it, and workers check results against it.
+    ``lhc_ina.fabric`` sets it): workers check results against it.
     0 means the members' own mask.
     """
 
@@ -128,11 +128,6 @@ class JobLayout:
     @property
     def full_mask(self) -> int:
         return sum(w.bit for w in self.workers)
-
-    @property
-    def results_bitmap(self) -> int:
-        """The bitmap of a finished round's result on this switch."""
-        return self.result_mask or self.full_mask
 
 
 @dataclass(frozen=True)
@@ -308,16 +303,7 @@ def _check_uplink(job: JobLayout, up: Uplink) -> None:
 
 def _check_tna(job: JobLayout) -> None:
     """Tofino: registers are per pipe, so a job's workers share one; the recirculation port is taken; and
-    a round is finished when its bitmap is the full mask, so every admitted worker contributes. A leaf
-    tells a copy awaiting its parent (its workers' mask) from a final one (the result's) by the bitmap,
-    so the two must differ (docs/tofino.md, "Two levels")."""
-    if job.uplink is not None:
-        _require(
-            job.results_bitmap != job.full_mask, job,
-            f"the leaf's workers' mask {job.full_mask:#x} equals its parent's mask of leaves "
-            f"{job.results_bitmap:#x}: Tofino tells a copy awaiting its parent from a final one by the "
-            "bitmap, so a leaf must not hold as many workers as the job has leaves there",
-        )
+    a round is finished when its bitmap is the full mask, so every admitted worker contributes."""
     _require(
         job.world_size == len(job.workers), job,
         f"fan-in {job.world_size} must equal the {len(job.workers)} workers on Tofino (a round is "
@@ -373,10 +359,9 @@ def job_entries(
 
 
 def _full_round_entries(job: JobLayout) -> list[TableEntrySpec]:
-    """TNA's `full_round`: the result's bitmap finishes a round; on a leaf its workers' mask makes the copy
-    await its parent."""
-    masks = [(job.results_bitmap, ROUND_IS_FULL)]
-    if job.uplink is not None:
-        masks.append((job.full_mask, ROUND_AWAITS_PARENT))
-    return [TableEntrySpec(FULL_ROUND_TABLE, (("hdr.lhc.job_id", job.job_id), ("hdr.lhc.bitmap", mask)),
-                           action, ()) for mask, action in masks]
+    """TNA's `full_round`, one entry per job: the members' mask finishes a round, except on a leaf, where
+    its workers' mask makes the copy await its parent (the copy's state, not this table, then tells a
+    final copy: its workers' mask may equal the parent's mask of leaves)."""
+    action = ROUND_AWAITS_PARENT if job.uplink is not None else ROUND_IS_FULL
+    match = (("hdr.lhc.job_id", job.job_id), ("hdr.lhc.bitmap", job.full_mask))
+    return [TableEntrySpec(FULL_ROUND_TABLE, match, action, ())]

@@ -97,7 +97,7 @@ def test_a_job_of_1024_workers_is_32_leaves_of_32_with_nothing_wider_than_32_bit
     for index in range(c.MAX_LEAVES):
         leaf = layouts[f"leaf{index}"]
         assert leaf.full_mask == 0xFFFFFFFF and leaf.countdown == c.MAX_WORKERS + 1
-        assert leaf.uplink.worker_id == index and leaf.results_bitmap == 0xFFFFFFFF
+        assert leaf.uplink.worker_id == index and leaf.result_mask == 0xFFFFFFFF
     for entries in fabric_entries(fabric((c.MAX_WORKERS,) * c.MAX_LEAVES)).values():
         assert all(0 < dict(e.params)["worker_bit"] < 1 << 32
                    for e in entries_of(entries.tables, WORKERS_TABLE))
@@ -182,8 +182,9 @@ def test_a_spine_may_also_hold_workers_of_its_own():
 
 
 def test_tofino_tells_each_switch_its_masks_in_full_round():
-    # TNA finishes a round by its bitmap: the job's full mask everywhere, and on a leaf its workers' mask
-    # means "awaiting the parent" (p4src/tna, `full_round`).
+    # TNA finishes a round by its bitmap: one entry per job and switch, the members' mask; on a leaf it
+    # means "every worker is in" (the copy then awaits its parent, or holds its result: the copy's state,
+    # not the bitmap, tells which; p4src/tna, `bitmaps`).
     found = fabric_entries(fabric((4, 3)), target="tna")
     rounds = {switch: {(dict(e.match)["hdr.lhc.bitmap"], e.action)
                        for e in entries_of(entries.tables, FULL_ROUND_TABLE)}
@@ -192,8 +193,8 @@ def test_tofino_tells_each_switch_its_masks_in_full_round():
                for e in entries_of(entries.tables, FULL_ROUND_TABLE))
     assert rounds == {
         "spine": {(0x3, ROUND_IS_FULL)},
-        "leaf0": {(0x3, ROUND_IS_FULL), (0x0F, ROUND_AWAITS_PARENT)},
-        "leaf1": {(0x3, ROUND_IS_FULL), (0x07, ROUND_AWAITS_PARENT)},
+        "leaf0": {(0x0F, ROUND_AWAITS_PARENT)},
+        "leaf1": {(0x07, ROUND_AWAITS_PARENT)},
     }
     assert not any(entries_of(e.tables, FULL_ROUND_TABLE) for e in fabric_entries(fabric()).values())
     one_switch = job_entries(job(3), target="tna")
@@ -201,15 +202,21 @@ def test_tofino_tells_each_switch_its_masks_in_full_round():
     assert [(dict(e.match)["hdr.lhc.bitmap"], e.action) for e in rows] == [(0x7, ROUND_IS_FULL)]
 
 
-@pytest.mark.parametrize("per_leaf", [(1,), (2, 2), (3, 5, 1)])
-def test_tofino_refuses_a_leaf_with_as_many_workers_as_the_job_has_leaves(per_leaf):
-    # Its workers' mask would be the result's (the mask of leaves): awaiting and final would look the same.
-    layouts = fabric_layouts(fabric(per_leaf))
-    clash = next(f"leaf{i}" for i, n in enumerate(per_leaf) if n == len(per_leaf))
-    with pytest.raises(InvalidJob, match=r"a leaf must not hold as many workers as the job has leaves"):
-        validate(layouts[clash], target="tna")
-    validate(layouts[clash])  # v1model counts down instead
-    validate(layouts["spine"], target="tna")
+@pytest.mark.parametrize("per_leaf", [(1,), (2, 2), (3, 5, 1), (c.MAX_WORKERS,) * c.MAX_LEAVES])
+def test_tofino_admits_a_leaf_with_as_many_workers_as_the_job_has_leaves(per_leaf):
+    # Its workers' mask equals the result's (the mask of leaves), up to 32 leaves of 32 workers: Tofino
+    # tells a copy awaiting its parent from a final one by the copy's state, so both masks may be equal,
+    # and each switch has one full_round entry.
+    found = fabric_entries(fabric(per_leaf), target="tna")
+    assert sum(len(entries_of(e.tables, WORKERS_TABLE)) for name, e in found.items() if name != "spine") \
+        == sum(per_leaf)
+    for index, workers in enumerate(per_leaf):
+        rows = entries_of(found[f"leaf{index}"].tables, FULL_ROUND_TABLE)
+        assert [(dict(e.match)["hdr.lhc.bitmap"], e.action) for e in rows] == \
+            [((1 << workers) - 1, ROUND_AWAITS_PARENT)]
+    rows = entries_of(found["spine"].tables, FULL_ROUND_TABLE)
+    assert [(dict(e.match)["hdr.lhc.bitmap"], e.action) for e in rows] == \
+        [((1 << len(per_leaf)) - 1, ROUND_IS_FULL)]
 
 
 def test_a_result_mask_must_be_a_leafs_and_hold_its_own_bit():

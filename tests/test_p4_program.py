@@ -493,8 +493,8 @@ def test_tna_register_actions_per_register_fit_tofino(tna: P4Program) -> None:
     registers = re.findall(r"\bRegister<[^;]*?>\([^)]*\)\s*(\w+);", ingress)
     per_register = {r: len(re.findall(rf"RegisterAction<[^()]*>\(\s*{r}\s*\)", ingress)) for r in registers}
     assert per_register and all(1 <= n <= 4 for n in per_register.values()), per_register
-    # the pairs, round_stale_c0/c1, round_start_c0/c1, bitmaps
-    assert len(registers) == c.LANES // 2 + 5
+    # the pairs, round_stale_c0/c1, round_start_c0/c1, bitmaps, parent_bitmaps
+    assert len(registers) == c.LANES // 2 + 6
 
 
 def test_tna_register_outputs_are_what_they_mean(tna: P4Program) -> None:

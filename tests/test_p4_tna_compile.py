@@ -2,13 +2,15 @@
 
 - bf-p4c compiles ``p4src/tna/lhc.p4`` for Tofino-1 without a warning, and its assembler writes the
   binary (``pipe/tofino.bin``) and the driver's ``pipe/context.json``.
-- The placement is docs/tofino.md's: 12 stages at most, the slot state in stages 1 (rounds) and 2
-  (bitmaps), the value register pairs four per stage after `seen`; the two-level tables (docs/switch.md,
-  "Two levels") in it: `uplinks` with `jobs` in stage 0, `full_round` where the values start, `outcome`
-  after it.
+- The placement is docs/tofino.md's: 12 stages at most, the slot state in stages 1 (rounds), 2
+  (bitmaps) and 3 (a leaf's parent's bitmap), the value register pairs four per stage after `seen`; the
+  two-level tables (docs/switch.md, "Two levels") in it: `uplinks` with `jobs` in stage 0, `full_round`
+  where the values start, `outcome` after it.
 - The stateful ALUs return what the program means: the stored value (``mem_*``) where a RegisterAction
   returns a half before updating it (bf-p4c 9.13.4 can silently pick the updated one, ``alu_*``), the
   updated one where it means that.
+- A leaf's repeat of a copy with every worker in tells awaiting from final by the stored parent's bitmap
+  (`outcome`'s entries as installed).
 - The ingress parser keeps its selects (a compiler without p4lang/p4c#5753 silently drops them).
 
 They skip (conftest.py) where no Tofino compiler is found: ``bf-p4c`` from Intel's SDE, ``$BF_P4C``, or
@@ -79,6 +81,8 @@ def test_placement_fits_tofino1(compiled: tuple[Path, str]) -> None:
     rounds = [f"LhcIngress.round_{kind}_{copy}" for kind in ("stale", "start") for copy in ("c0", "c1")]
     assert all(stages[name] == [1] for name in rounds), {name: stages[name] for name in rounds}
     assert stages["LhcIngress.bitmaps"] == [2]
+    # The parent's bitmap a leaf's copy stores, after `bitmaps` said whether the copy awaited it.
+    assert stages["LhcIngress.parent_bitmaps"] == [3]
     pairs = [f"LhcIngress.values_{a}_{a + 1}" for a in range(0, c.LANES, 2)]
     per_stage = Counter(s for name in pairs for s in stages[name])
     assert sum(per_stage.values()) == len(pairs), "each pair register lives in one stage"
@@ -112,15 +116,38 @@ def test_stateful_alus_return_what_the_program_means(compiled: tuple[Path, str])
         assert output(f"round_stale_{copy}_check").endswith("mem_hi"), copy
         assert output(f"round_start_{copy}_check").endswith("alu_hi"), copy
     assert output("bitmap_join").endswith("mem_lo")
-    # A parent's result: stored (output 0) only by a copy that awaits it, else the bitmap as found; its
-    # round check outputs nonzero (a predicate) for any other round, and writes nothing.
-    assert output("bitmap_store") == "cmplo, mem_lo"
+    # A parent's result: the copy's state as found (stored only by a copy that awaits it); its round check
+    # outputs nonzero (a predicate) for any other round, and writes nothing. A leaf's final copy answers a
+    # repeat with the parent's bitmap as stored.
+    assert output("bitmap_store") == "mem_hi"
+    assert output("parent_bitmap_read") == "mem_lo"
     for copy in ("c0", "c1"):
         assert output(f"round_other_{copy}_check").endswith("predicate"), copy
     for a in range(0, c.LANES, 2):
         for kind in ("first", "add", "or"):
             assert output(f"{kind}_{a}_{a + 1}").endswith("alu_lo"), (kind, a)  # the updated low half
         assert output(f"hi_{a}_{a + 1}").endswith("mem_hi"), a
+
+
+def test_a_leafs_repeat_tells_awaiting_from_final_by_the_stored_bitmap(compiled: tuple[Path, str]) -> None:
+    # `outcome`'s const entries as the driver will install them: a repeat with every worker of a leaf in
+    # sends the partial up again only while the copy holds no parent's bitmap (`meta.parent_bitmap`
+    # exactly 0); the next entry answers from a final copy.
+    out, _ = compiled
+    tables = json.loads((out / "pipe" / "context.json").read_text())["tables"]
+    outcome = next(t for t in tables if t["name"] == "LhcIngress.outcome")
+    names = {a["handle"]: a["name"].split(".")[-1] for a in outcome["actions"]}
+    entries = sorted(outcome["static_entries"], key=lambda e: e["priority"])
+    order = [names[e["action_handle"]] for e in entries]
+    up_again = order.index("up_retransmit")
+    assert order[up_again + 1] == "retransmit_parent_result", order
+
+    def parent_bitmap(entry: dict) -> tuple[int, int]:
+        field = next(f for f in entry["match_key_fields_values"] if f["field_name"].endswith("parent_bitmap"))
+        return int(field["value"], 16), int(field["mask"], 16)
+
+    assert parent_bitmap(entries[up_again]) == (0, 0xFFFFFFFF)
+    assert parent_bitmap(entries[up_again + 1]) == (0, 0)
 
 
 def test_ingress_parser_keeps_its_selects(compiled: tuple[Path, str]) -> None:

@@ -22,15 +22,21 @@ class Cell:
     hi: int
 
 
-def run(body: str, cell: Cell, seq: int, epoch: int) -> int:
-    """Execute a RegisterAction body (if/else blocks and assignments) on ``cell``; its output."""
-    env = {"v_lo": cell.lo, "v_hi": cell.hi, "seq": seq, "epoch": epoch, "rv": 0}
+def execute(body: str, cell: Cell, names: dict[str, int]) -> int:
+    """Execute a RegisterAction body (if/else blocks and assignments) on ``cell``; its output. ``names``
+    gives the value of each PHV field and constant the body reads (``hdr.lhc.seq``, ``LHC_...``). A
+    register of one word (``v``) is the cell's ``lo``."""
+    env = {"v_lo": cell.lo, "v_hi": cell.hi, "rv": 0}
+    aliases = {name: f"n{i}" for i, name in enumerate(sorted(names, key=len, reverse=True))}
+    env.update({alias: names[name] for name, alias in aliases.items()})
 
     def expr(text: str) -> int:
         text = text.replace("&&", " and ").replace("||", " or ")
+        for name, alias in aliases.items():
+            text = re.sub(rf"(?<![\w.]){re.escape(name)}(?![\w.])", alias, text)
         text = text.replace("v.lo", "v_lo").replace("v.hi", "v_hi")
-        text = text.replace("hdr.lhc.seq", "seq").replace("meta.epoch", "epoch")
-        assert re.fullmatch(r"[\w\s<>=!()]+", text), text
+        text = re.sub(r"(?<![\w.])v(?![\w.])", "v_lo", text)
+        assert re.fullmatch(r"[\w\s<>=!()|&]+", text), text
         return eval(text, {"__builtins__": {}}, env)  # P4 conditions of our own source, checked above
 
     def block(text: str) -> None:
@@ -48,14 +54,19 @@ def run(body: str, cell: Cell, seq: int, epoch: int) -> int:
                 block(then if expr(m.group(1)) else other)
                 text = rest
                 continue
-            m = re.match(r"(v\.lo|v\.hi|rv)\s*=\s*([^;]+);", text)
+            m = re.match(r"(v\.lo|v\.hi|v|rv)\s*=\s*([^;]+);", text)
             assert m, text
-            env[m.group(1).replace(".", "_")] = expr(m.group(2))
+            env["v_lo" if m.group(1) == "v" else m.group(1).replace(".", "_")] = expr(m.group(2))
             text = text[m.end() :].strip()
 
     block(body)
     cell.lo, cell.hi = env["v_lo"], env["v_hi"]
     return env["rv"]
+
+
+def run(body: str, cell: Cell, seq: int, epoch: int) -> int:
+    """A round register's RegisterAction for a packet of ``seq`` in ``epoch``."""
+    return execute(body, cell, {"hdr.lhc.seq": seq, "meta.epoch": epoch})
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,10 @@
 // whose value and mask take action-data-bus bytes, which stage 1 needs for the round registers' outputs.
 @pa_solitary("ingress", "meta.stat")
 @pa_solitary("ingress", "ig_intr_md_for_dprsr.drop_ctl")
+// A leaf's parent's bitmap (stages 3 to 5) in the container of the stale check's output (stages 1 and 2):
+// a container of its own moved the PHV allocation so that bf-p4c 9.13.4 stopped with an internal error in
+// `uplinks`' action data format (docs/tofino.md, "Two levels").
+@pa_alias("ingress", "meta.parent_bitmap", "meta.stale")
 control LhcIngress(inout lhc_ig_headers_t hdr,
                    inout lhc_ig_metadata_t meta,
                    in ingress_intrinsic_metadata_t ig_intr_md,
@@ -190,9 +194,20 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         hdr.lhc.bitmap = meta.old_bitmap | meta.worker_bit;
     }
 
+    // The parent's result the copy holds (a leaf's final copy), read by a later packet of the round; the
+    // first of a round holds none.
+    action forget_parent_result() {
+        parent_bitmap_clear.execute(meta.cell);
+    }
+
+    action read_parent_result() {
+        meta.parent_bitmap = parent_bitmap_read.execute(meta.cell);
+    }
+
     // What the round's bitmap (this packet's bit included) means for the job: its result mask (the round
-    // is finished), or on a leaf its workers' mask (the copy awaits its parent). The controller writes one
-    // entry per job, two on a leaf (lhc_ina.jobs.job_entries, target "tna"): the masks are per job.
+    // is finished), or on a leaf its workers' mask (every worker is in: the copy awaits its parent, or is
+    // final once it stored its result, which `read_parent_result` tells). The controller writes one entry per
+    // job (lhc_ina.jobs.job_entries, target "tna"): the masks are per job.
     action round_is_full() {
         meta.finished = 1;
     }
@@ -208,7 +223,7 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         }
         actions = { round_is_full; round_awaits_parent; @defaultonly NoAction; }
         const default_action = NoAction();
-        size = 2 * LHC_MAX_JOBS;
+        size = LHC_MAX_JOBS;
     }
 
     // --- outcomes -------------------------------------------------------------------------------------
@@ -267,6 +282,12 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
         hdr.recirc.flags = LHC_RECIRC_UP_RETX_LO;
         meta.stat = (bit<8>)LHC_STAT_UP_RETX;
         to_recirculation();
+    }
+
+    // A repeat of a leaf's final copy: RESULT_RETX with the bitmap of the parent's result it stored.
+    action retransmit_parent_result() {
+        hdr.lhc.bitmap = meta.parent_bitmap;
+        retransmit();
     }
 
 #include "ingress_results.p4"
@@ -333,10 +354,10 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                         reject_stale_result();
                     } else {
                         store_result();
-                        if (meta.old_bitmap == 0) {
+                        if (meta.old_bitmap == LHC_AWAITING_PARENT) {
                             stored_result();
-                        } else {
-                            note_result();
+                        } else if (meta.old_bitmap == LHC_COPY_FINAL) {
+                            result_already_stored();
                         }
                     }
                 } else {
@@ -352,8 +373,10 @@ control LhcIngress(inout lhc_ig_headers_t hdr,
                     } else {
                         if (meta.starts != 0) {
                             start_round();
+                            forget_parent_result();
                         } else {
                             join_round();
+                            read_parent_result();
                         }
                         note_bitmap();
                     }

@@ -8,15 +8,17 @@
         meta.old_bitmap = bitmap_store.execute(meta.cell);
     }
 
-    // Stored: its words become the values (`first`), and it is the leaf's result as it stands.
+    // Stored: its words become the values (`first`), its bitmap the copy's answer to repeats, and it is the
+    // leaf's result as it stands.
     action stored_result() {
         meta.vmode = LHC_VMODE_START;
+        parent_bitmap_store.execute(meta.cell);
     }
 
-    // Not stored: `full_round` on the copy's bitmap tells a final copy (a duplicate) from one that is not
-    // awaiting this result (stale). The packet is dropped, so its bitmap field can carry the key.
-    action note_result() {
-        hdr.lhc.bitmap = meta.old_bitmap;
+    // Not stored, because the copy holds its parent's result already: a duplicate. Otherwise (the copy does
+    // not await this result) it is stale.
+    action result_already_stored() {
+        meta.finished = 1;
     }
 
     // The leaf's RESULT: the parent's result, sourced from the address it was sent to, multicast in this
@@ -90,7 +92,8 @@
 
     // What becomes of the packet, from what the stages before found: one table, so that the outcomes
     // take one stage's logical tables, not one gateway and one table each. Entries in priority order.
-    // full_round's flags matter only for a contribution (START or SAME) or a parent's result.
+    // full_round's flags matter only for a contribution (START or SAME); a parent's result sets `finished`
+    // itself. meta.parent_bitmap is nonzero only for a repeat of a leaf's final copy.
     table outcome {
         key = {
             meta.from_parent: ternary;
@@ -100,35 +103,38 @@
             meta.awaits: ternary;
             hdr.recirc.flags: ternary;
             meta.has_uplink: ternary;
+            meta.parent_bitmap: ternary;
         }
         actions = {
             result_from_parent; duplicate; reject_stale_result; result; up; absorbed; retransmit;
-            up_retransmit; read_high_halves_next; read_high_halves_next_up; send_result;
-            send_retransmission; send_up; drop; @defaultonly NoAction;
+            up_retransmit; retransmit_parent_result; read_high_halves_next; read_high_halves_next_up;
+            send_result; send_retransmission; send_up; drop; @defaultonly NoAction;
         }
         const default_action = NoAction();
         size = 32;
         const entries = {
             // A parent's result of the copy's round (a leaf): stored, or the copy is final, or not awaiting.
-            (1, LHC_VMODE_START, _, _, _, _, _): result_from_parent();
-            (1, _, _, 1, _, _, _): duplicate();
-            (1, _, _, _, _, _, _): reject_stale_result();
-            // A worker's (or, at a spine, a leaf's) packet: the first of a round, or one of its round.
-            (0, LHC_VMODE_START, _, 1, _, _, _): result();
-            (0, LHC_VMODE_START, _, _, 1, _, _): up();
-            (0, LHC_VMODE_START, _, _, _, _, _): absorbed();
-            (0, LHC_VMODE_SAME, 0, 1, _, _, _): result();
-            (0, LHC_VMODE_SAME, 0, _, 1, _, _): up();
-            (0, LHC_VMODE_SAME, 0, _, _, _, _): absorbed();
-            (0, LHC_VMODE_SAME, _, 1, _, _, _): retransmit();
-            (0, LHC_VMODE_SAME, _, _, 1, _, _): up_retransmit();
-            (0, LHC_VMODE_SAME, _, _, _, _, _): duplicate();
+            (1, LHC_VMODE_START, _, _, _, _, _, _): result_from_parent();
+            (1, _, _, 1, _, _, _, _): duplicate();
+            (1, _, _, _, _, _, _, _): reject_stale_result();
+            // A worker's (or, at a spine, a leaf's) packet: the first of a round, or one of its round. On a
+            // leaf every worker in means awaiting the parent, or final once its result is stored.
+            (0, LHC_VMODE_START, _, 1, _, _, _, _): result();
+            (0, LHC_VMODE_START, _, _, 1, _, _, _): up();
+            (0, LHC_VMODE_START, _, _, _, _, _, _): absorbed();
+            (0, LHC_VMODE_SAME, 0, 1, _, _, _, _): result();
+            (0, LHC_VMODE_SAME, 0, _, 1, _, _, _): up();
+            (0, LHC_VMODE_SAME, 0, _, _, _, _, _): absorbed();
+            (0, LHC_VMODE_SAME, _, 1, _, _, _, _): retransmit();
+            (0, LHC_VMODE_SAME, _, _, 1, _, _, 0): up_retransmit();
+            (0, LHC_VMODE_SAME, _, _, 1, _, _, _): retransmit_parent_result();
+            (0, LHC_VMODE_SAME, _, _, _, _, _, _): duplicate();
             // Later passes: the low halves were read (retransmissions), or the high halves (the last pass).
-            (_, LHC_VMODE_OR, _, _, _, LHC_RECIRC_RETX_LO, _): read_high_halves_next();
-            (_, LHC_VMODE_OR, _, _, _, _, _): read_high_halves_next_up();
-            (_, LHC_VMODE_HI, _, _, _, LHC_RECIRC_RESULT, _): send_result();
-            (_, LHC_VMODE_HI, _, _, _, LHC_RECIRC_RETX_HI, _): send_retransmission();
-            (_, LHC_VMODE_HI, _, _, _, _, 1): send_up();
-            (_, LHC_VMODE_HI, _, _, _, _, _): drop();  // a partial whose uplink went between the passes
+            (_, LHC_VMODE_OR, _, _, _, LHC_RECIRC_RETX_LO, _, _): read_high_halves_next();
+            (_, LHC_VMODE_OR, _, _, _, _, _, _): read_high_halves_next_up();
+            (_, LHC_VMODE_HI, _, _, _, LHC_RECIRC_RESULT, _, _): send_result();
+            (_, LHC_VMODE_HI, _, _, _, LHC_RECIRC_RETX_HI, _, _): send_retransmission();
+            (_, LHC_VMODE_HI, _, _, _, _, 1, _): send_up();
+            (_, LHC_VMODE_HI, _, _, _, _, _, _): drop();  // a partial whose uplink went between the passes
         }
     }

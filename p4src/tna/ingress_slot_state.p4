@@ -53,16 +53,18 @@
     LHC_TNA_ROUND_REGISTERS(c0)
     LHC_TNA_ROUND_REGISTERS(c1)
 
-    // Per cell, {lo: the contributors of the copy's round, hi: LHC_AWAITING_PARENT while a leaf's copy
-    // awaits its parent, else 0}. The first of a round sets its bit alone; a later packet of the round ORs
-    // its bit in and gets the bitmap as found (its bit set: a repeat). A leaf marks its copy awaiting in the
-    // pass that sends the partial up (the first pass cannot: it learns that the leaf's round is complete
-    // only in `full_round`, after this stage), and its parent's result is stored only by a marked copy.
+    // Per cell, {lo: the contributors of the copy's round, hi: where the copy stands (LHC_COPY_*)}. The
+    // first of a round sets its bit alone; a later packet of the round ORs its bit in and gets the bitmap
+    // as found (its bit set: a repeat). On a leaf lo stays its workers' contributors after the partial went
+    // up, so a worker's repeat of a final copy is seen as one; the state says whether the copy awaits its
+    // parent or holds its result. A leaf marks its copy awaiting in the pass that sends the partial up (the
+    // first pass cannot: it learns that the leaf's round is complete only in `full_round`, after this
+    // stage), and its parent's result is stored only by a marked copy, which it makes final.
     Register<pair_t, cell_index_t>(LHC_SLOT_CELLS) bitmaps;
     RegisterAction<pair_t, cell_index_t, bit<32>>(bitmaps) bitmap_start = {
         void apply(inout pair_t v) {
             v.lo = meta.worker_bit;
-            v.hi = 0;
+            v.hi = LHC_COPY_AGGREGATING;
         }
     };
     RegisterAction<pair_t, cell_index_t, bit<32>>(bitmaps) bitmap_join = {
@@ -71,25 +73,43 @@
             v.lo = v.lo | meta.worker_bit;
         }
     };
-    // The partial (its bitmap the leaf's workers') goes up: the copy awaits its parent, unless a result
-    // was stored meanwhile (a repeat's partial can still be in its later passes then).
+    // The partial (its bitmap the leaf's workers') goes up: the copy awaits its parent, unless its parent's
+    // result was stored meanwhile (a repeat's partial can still be in its later passes then) or the copy
+    // moved on to another round.
     RegisterAction<pair_t, cell_index_t, bit<32>>(bitmaps) bitmap_await = {
         void apply(inout pair_t v) {
-            if (v.lo == hdr.lhc.bitmap) {
+            if (v.hi == LHC_COPY_AGGREGATING && v.lo == hdr.lhc.bitmap) {
                 v.hi = LHC_AWAITING_PARENT;
             }
         }
     };
-    // The parent's result of the copy's round: 0 when the copy awaited it (then it holds the result's
-    // bitmap and is final); otherwise the bitmap as found, and nothing is written.
+    // The parent's result of the copy's round: the state as found; a copy that awaited it is now final.
     RegisterAction<pair_t, cell_index_t, bit<32>>(bitmaps) bitmap_store = {
         void apply(inout pair_t v, out bit<32> rv) {
-            if (v.hi != LHC_AWAITING_PARENT) {
-                rv = v.lo;
-            } else {
-                v.lo = hdr.lhc.bitmap;
-                v.hi = 0;
-                rv = 0;
+            rv = v.hi;
+            if (v.hi == LHC_AWAITING_PARENT) {
+                v.hi = LHC_COPY_FINAL;
             }
+        }
+    };
+
+    // Per cell, the bitmap of the parent's result a leaf's copy stored (what its RESULT_RETX carry), 0 while
+    // it holds none: a worker's repeat reads it to tell a final copy from one awaiting its parent. It is
+    // read (or cleared, by the first of a round) in the stage after `bitmaps`, because a parent's result is
+    // written here only when `bitmap_store` found the copy awaiting.
+    Register<bit<32>, cell_index_t>(LHC_SLOT_CELLS) parent_bitmaps;
+    RegisterAction<bit<32>, cell_index_t, bit<32>>(parent_bitmaps) parent_bitmap_clear = {
+        void apply(inout bit<32> v) {
+            v = 0;
+        }
+    };
+    RegisterAction<bit<32>, cell_index_t, bit<32>>(parent_bitmaps) parent_bitmap_read = {
+        void apply(inout bit<32> v, out bit<32> rv) {
+            rv = v;
+        }
+    };
+    RegisterAction<bit<32>, cell_index_t, bit<32>>(parent_bitmaps) parent_bitmap_store = {
+        void apply(inout bit<32> v) {
+            v = hdr.lhc.bitmap;
         }
     };

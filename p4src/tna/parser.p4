@@ -24,6 +24,7 @@ parser LhcIngressParser(packet_in packet,
         meta.starts = 0;
         meta.old_bitmap = 0;
         meta.seen = 0;
+        meta.parent_bitmap = 0;
         meta.finished = 0;
         meta.awaits = 0;
         meta.vmode = LHC_VMODE_NONE;

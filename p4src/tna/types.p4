@@ -10,8 +10,12 @@ const bit<8> LHC_RECIRC_RETX_HI = 3;  // ... then the high halves, unicast to th
 const bit<8> LHC_RECIRC_UP = 4;       // a leaf's copy got its last worker: read the high halves, send up
 const bit<8> LHC_RECIRC_UP_RETX_LO = 5;  // a repeat while the copy awaits its parent: the low halves
 const bit<8> LHC_RECIRC_UP_RETX_HI = 6;  // ... then the high halves, the partial up again
-// bitmaps.hi of a leaf's copy whose partial went up and whose parent's result has not come back.
+// bitmaps.hi: where a copy stands. Only a leaf's copies leave LHC_COPY_AGGREGATING: the partial went up
+// (awaiting), then the parent's result was stored (final). The state, not the bitmap, tells them apart:
+// a leaf's workers' mask may equal its parent's mask of leaves (as many workers as the job has leaves).
+const bit<32> LHC_COPY_AGGREGATING = 0;
 const bit<32> LHC_AWAITING_PARENT = 1;
+const bit<32> LHC_COPY_FINAL = 2;
 // A copy's cell: ver ++ slot, i.e. ver * MAX_SLOTS + slot (two PHV sources, which one Tofino instruction
 // can combine; v1model's slot * 2 + ver would need a shift and an add).
 typedef bit<LHC_CELL_INDEX_BITS> cell_index_t;
@@ -62,10 +66,16 @@ struct lhc_ig_metadata_t {
     bit<32> stale;         // nonzero: the packet is of a round older than its copy's (round_stale_cV);
                            // a parent's result: not of the copy's round (round_other_cV)
     bit<32> starts;        // nonzero: it starts the copy's round: a fresh copy or a newer round
-    bit<32> old_bitmap;    // this copy's bitmap before this packet (0 for the first of a round)
+    bit<32> old_bitmap;    // this copy's bitmap before this packet (0 for the first of a round); for a
+                           // parent's result, the copy's state as found (bitmaps.hi, LHC_COPY_*)
     bit<32> seen;          // old_bitmap & worker_bit: a repeat
-    bit<1>  finished;      // hdr.lhc.bitmap (old | this worker) is the job's result mask (full_round)
-    bit<1>  awaits;        // ... is a leaf's workers' mask: the copy awaits its parent (full_round)
+    bit<32> parent_bitmap; // a later packet of a round: the bitmap of the parent's result its copy holds
+                           // (parent_bitmaps; 0: none), which a leaf's final copy repeats. It shares
+                           // `stale`'s container (@pa_alias in ingress.p4), dead by then
+    bit<1>  finished;      // hdr.lhc.bitmap (old | this worker) is the job's result mask (full_round);
+                           // a parent's result: the copy holds it already (a duplicate)
+    bit<1>  awaits;        // ... is a leaf's workers' mask: every worker is in; the copy awaits its
+                           // parent, or holds its result when parent_bitmap != 0 (full_round)
     bit<8>  vmode;
     bit<8>  stat;
     // Two levels: a leaf's way up (`uplinks`), and whether this packet is its parent's result.
