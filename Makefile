@@ -42,7 +42,7 @@ demo: venv
 
 test: venv p4-check wireshark-check test-tools
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 lint: venv
 	$(PY) -m ruff check .

@@ -89,7 +89,11 @@ def test_switch_restarted_empty_is_repopulated_with_new_epochs(switch, workers, 
             w.joined = dataclasses.replace(w.joined, epoch=changed.epoch)
         aggregate_once(workers, slot=0, seq=5, rng=RNG)
         workers[0].send(np.zeros(c.LANES, np.uint32), slot=1, seq=6, epoch=old_epoch)
-        assert ctl.client.status("job").counters["DROP_STALE_EPOCH"] == 1
+        deadline = time.monotonic() + 10  # the switch counts the drop once it has read the datagram
+        while (stale := ctl.client.status("job").counters["DROP_STALE_EPOCH"]) == 0 and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stale == 1
 
 
 @pytest.mark.timeout(180)

@@ -213,10 +213,12 @@ def _mul_pow2(x: torch.Tensor, e: int) -> torch.Tensor:
     return x
 
 
-def quantize(values: torch.Tensor, scale: int, clamp: bool = False) -> torch.Tensor:
+def quantize(values: torch.Tensor, scale: int, clamp: bool = False, kernels: bool = True) -> torch.Tensor:
     """round(values * 2^scale) as int32. ``clamp`` guards a scale that was assumed, not agreed: values
-    that do not fit then saturate (the header tells every worker to redo the round at the right scale)."""
-    if _native_fits(values, torch.float32):
+    that do not fit then saturate (the header tells every worker to redo the round at the right scale).
+    ``kernels``: the CPU kernels may run (the GPU path, which Triton's interpreter runs on CPU tensors,
+    keeps to torch operations, the ones it counts as the device's)."""
+    if kernels and _native_fits(values, torch.float32):
         out = torch.empty(values.shape, dtype=torch.int32)
         if native.quantize(values.data_ptr(), values.numel(), scale, clamp, out.data_ptr()):
             return out
@@ -226,11 +228,12 @@ def quantize(values: torch.Tensor, scale: int, clamp: bool = False) -> torch.Ten
     return torch.round(y).to(torch.int32)
 
 
-def dequantize(q: torch.Tensor, scale: int, dtype: torch.dtype, out: torch.Tensor | None = None
-               ) -> torch.Tensor:
+def dequantize(q: torch.Tensor, scale: int, dtype: torch.dtype, out: torch.Tensor | None = None,
+               kernels: bool = True) -> torch.Tensor:
     """int32 sums back to floats: q * 2^-scale, rounded once to float32 (then to ``dtype``); written into
-    ``out`` (of ``q``'s length) where given, else into a new tensor."""
-    if dtype == torch.float32 and _native_fits(q, torch.int32) and (
+    ``out`` (of ``q``'s length) where given, else into a new tensor. ``kernels``: as for
+    :func:`quantize`."""
+    if kernels and dtype == torch.float32 and _native_fits(q, torch.int32) and (
             out is None or (_native_fits(out, torch.float32) and out.numel() == q.numel())):
         target = torch.empty(q.shape, dtype=torch.float32) if out is None else out
         if native.dequantize(q.data_ptr(), q.numel(), scale, target.data_ptr()):

@@ -92,7 +92,7 @@ class Steps:
         if not self.finite:  # only beside the header, which tells every worker to discard these words
             return torch.zeros(rows.shape, dtype=torch.int32, device=rows.device)
         assert self.scale is not None
-        return quantize(rows, self.scale, clamp)
+        return quantize(rows, self.scale, clamp, kernels=not self.triton)
 
     def _dequantize(self, summed: torch.Tensor, part: torch.Tensor, out: torch.Tensor | None = None
                     ) -> torch.Tensor:
@@ -102,7 +102,7 @@ class Steps:
         if not self.is_float:
             return part if out is None else out.copy_(part)
         check_sum_range(summed, self.scale or 0, self.agreed, self.world, self.x.dtype)
-        return dequantize(part, self.scale or 0, self.x.dtype, out=out)
+        return dequantize(part, self.scale or 0, self.x.dtype, out=out, kernels=not self.triton)
 
     def _scan_triton(self) -> Lead:
         """This worker's item count and header from one pass over its bucket (one kernel, one
