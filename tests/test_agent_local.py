@@ -11,6 +11,7 @@ from host_agent.agent_backend import LinkEstimate
 from host_agent.auto import agreed_link, choose_mode, link_words
 from host_agent.codec import BucketShape, CodecState
 from host_agent.codec.arith import add_int32
+from host_agent.codec.items import nonzero_rows
 from host_agent.errors import AggregationError
 from host_agent.torch_hook import LhcHookState, _sparsify
 from lhc_ina.constants import MAX_JOB_WORKERS
@@ -91,6 +92,28 @@ def test_a_dense_bucket_stays_dense_under_auto(block: int) -> None:
     assert first == second
     assert [mode for mode, _ in first] == ["sketch", "dense", "dense", "dense"]
     assert {items for _, items in first[1:]} == {-(-30_001 // block)}  # every item nonzero, capped at n
+
+
+def test_a_first_call_lists_its_items_only_when_it_sends_them_sparse(monkeypatch) -> None:
+    """A bucket's first call sizes it by counting its items; only a sparse index round lists them (a
+    dense bucket's millions of positions and values were listed and dropped)."""
+    from host_agent.codec import protocol
+
+    listed: list[int] = []
+
+    def counting(x: torch.Tensor, block: int):
+        listed.append(x.numel())
+        return nonzero_rows(x, block)
+
+    monkeypatch.setattr(protocol, "nonzero_rows", counting)
+    dense = [torch.randn(30_000, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    results = run_local(2, lambda agent: agent.allreduce(dense[agent.rank], key="dense"))
+    assert [r.stats["mode"] for r in results] == ["sketch", "sketch"]
+    assert [r.stats["codec"]["protocol"] for r in results] == ["dense", "dense"] and listed == []
+    assert torch.equal(results[0].total, results[1].total)
+    sparse = sparse_inputs(2, 30_000, 0.01, torch.float32, seed=5)
+    results = run_local(2, lambda agent: agent.allreduce(sparse[agent.rank], key="sparse"))
+    assert [r.stats["codec"]["protocol"] for r in results] != ["dense", "dense"] and listed == [30_000] * 2
 
 
 @pytest.mark.parametrize("mode", ["dense", "sketch", "union", "auto"])

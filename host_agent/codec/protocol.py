@@ -106,6 +106,7 @@ class Rounds(HeaderSteps, Steps):
         self.finite = True  # whether this worker's own input is finite (its header says so to all)
         self.nonfinite: tuple[int, ...] = ()  # the workers whose input is not, once the header is back
         self.items = self.rows = self.cands = self.values = self.left = torch.empty(0)
+        self.listed = False  # items and rows hold this worker's items (:meth:`_list_items`)
         self.index: IndexSpec | None = None
         self.sketch: SketchSpec | None = None
         self.peeled = False  # whether peeling recovered every candidate (it cannot stop at the range)
@@ -145,18 +146,28 @@ class Rounds(HeaderSteps, Steps):
             if scan:
                 lead = self._scan_triton()
             else:
-                if self.support is not None:
-                    self.items = support_items(self.support.to(self.x.device), self.block)
-                    self.rows = gather_items(self.x, self.items, self.block)
+                if self.support is None and sizing:  # counted now, listed only if a sparse round comes
+                    lead = Lead(count_nonzero_items(self.x, self.block), self._header(self.x))
                 else:
-                    self.items, self.rows = nonzero_rows(self.x, self.block)
-                complete = True
-                if self.support is not None and self.opts.check_support:
-                    complete = int(torch.count_nonzero(self.x)) == int(torch.count_nonzero(self.rows))
-                lead = Lead(self.items.numel(), self._header(self.rows, complete))
+                    self._list_items()
+                    complete = True
+                    if self.support is not None and self.opts.check_support:
+                        complete = int(torch.count_nonzero(self.x)) == int(torch.count_nonzero(self.rows))
+                    lead = Lead(self.items.numel(), self._header(self.rows, complete))
         if sizing:
             return Round(self._lead_messages(lead), self._after_sizing)
         return self._index_round(expected, lead)
+
+    def _list_items(self) -> None:
+        """This worker's items and their rows: its support's, or its nonzero ones (one scan). A sizing
+        round only counts them (a dense bucket, whose sizing ends in a dense round, never lists its
+        millions of items); the index round lists them then."""
+        if self.support is not None:
+            self.items = support_items(self.support.to(self.x.device), self.block)
+            self.rows = gather_items(self.x, self.items, self.block)
+        else:
+            self.items, self.rows = nonzero_rows(self.x, self.block)
+        self.listed = True
 
     def _after_sizing(self, res: Results) -> Round | Outcome:
         """The sizing round: the item counts bound the union, the header fixes the scale."""
@@ -211,6 +222,8 @@ class Rounds(HeaderSteps, Steps):
     def _encode(self, lead: Lead | None) -> list[tuple[Op, str, torch.Tensor]]:
         """The index round's messages: (agreement,) header and index, (sketch)."""
         assert self.index is not None
+        if not self.listed:
+            self._list_items()
         index_words = encode_index(self.index, self.items)
         messages = []
         if lead is not None:
