@@ -352,11 +352,10 @@ static PyObject *py_quantize(PyObject *self, PyObject *args)
     (void)self;
     unsigned long long x, out;
     long long n;
-    int scale, clamp;
+    int scale, clamp, done;
     if (!PyArg_ParseTuple(args, "KLipK", &x, &n, &scale, &clamp, &out)) {
         return NULL;
     }
-    int done;
     Py_BEGIN_ALLOW_THREADS
     done = quantize_pow2((const float *)(uintptr_t)x, n, scale, clamp, (int32_t *)(uintptr_t)out);
     Py_END_ALLOW_THREADS
@@ -368,11 +367,10 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args)
     (void)self;
     unsigned long long q, out;
     long long n;
-    int scale;
+    int scale, done;
     if (!PyArg_ParseTuple(args, "KLiK", &q, &n, &scale, &out)) {
         return NULL;
     }
-    int done;
     Py_BEGIN_ALLOW_THREADS
     done = dequantize_pow2((const int32_t *)(uintptr_t)q, n, scale, (float *)(uintptr_t)out);
     Py_END_ALLOW_THREADS
