@@ -353,7 +353,7 @@ class Agent:
         if first and self.backend.waits_for_agreement:
             self._receive(session, sealed, 0, self.backend.reduce(*sealed.wire[0]))
             return [None, *self.backend.reduce_round(sealed.wire[1:])]
-        return list(self.backend.reduce_round(sealed.wire))
+        return self.backend.reduce_round(sealed.wire)
 
     def _receive(self, session: WorkerSession, sealed: SealedRound, index: int, future: Future) -> None:
         """Store one result in the session (an agreement error means the workers' messages no longer line
