@@ -86,3 +86,35 @@ def test_a_view_or_another_dtype_takes_the_torch_code() -> None:
 def test_the_clamp_margin_is_one_constant_in_python_and_c() -> None:
     header = (REPO_ROOT / "host_agent/codec/cpu/kernels.h").read_text()
     assert re.search(r"#define CLAMP_MARGIN (\d+)", header).group(1) == str(q.CLAMP_MARGIN)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), scale_index=st.integers(-1, len(SCALES) - 1),
+       binade=st.integers(-140, 120),
+       special=st.sampled_from([None, float("nan"), float("inf"), -float("inf")]))
+def test_scan_quantize_gives_the_torch_twins_results(seed: int, scale_index: int, binade: int,
+                                                     special: float | None) -> None:
+    """One pass for a dense round's lead and words: the nonzero count (NaN counts, -0.0 does not), the
+    exponent field of the largest magnitude, finiteness and, at an assumed scale, the clamped words."""
+    scale = None if scale_index < 0 else SCALES[scale_index]
+    x = _floats(seed, 1003, binade)
+    x[torch.randperm(x.numel(), generator=torch.Generator().manual_seed(seed))[:200]] = 0.0
+    if special is not None:
+        x[seed % x.numel()] = special
+    want = _torch_twin(q.scan_quantize, x, scale)
+    got = q.scan_quantize(x, scale)
+    assert (got.nonzero, got.field, got.finite) == (want.nonzero, want.field, want.finite)
+    assert (got.words is None) == (scale is None)
+    if scale is not None and want.finite:  # a bucket that is not finite sends zeros: its words are unread
+        assert torch.equal(got.words, want.words)
+
+
+def test_scan_quantize_adds_its_chunks() -> None:
+    """Past one chunk of the C loop (SCAN_CHUNK elements): counts add up and the largest is found in any."""
+    x = torch.zeros((1 << 20) * 2 + 7)
+    x[::3] = 1.0
+    x[-1] = -3.0e5
+    got = q.scan_quantize(x, 10)
+    assert got.nonzero == int(torch.count_nonzero(x))
+    assert got.field == q.exponent_field(x)[0]
+    assert torch.equal(got.words, _torch_twin(q.quantize, x, 10, True))

@@ -311,13 +311,16 @@ class Rounds(HeaderSteps, Steps):
         """The lead counts the bucket's nonzero items, as a sparse mode's does: mode ``auto`` reads the
         next call's density from their sum (a dense call that told nothing would make the next one
         measure again, in sketch mode)."""
+        self.assumed = self._assumed_field()
+        words = None
         with self.clock("encode"):
             if self.triton:
                 lead = self._scan_triton()
+            elif self.is_float and self.block == 1:  # one pass for the lead and, if it can, the words
+                lead, words = self._scan_dense()
             else:
                 lead = Lead(count_nonzero_items(self.x, self.block), self._header(self.x))
-        self.assumed = self._assumed_field()
-        return self._dense_round(lead)
+        return self._dense_round(lead, words)
 
     def _after_dense_header(self, res: Results) -> Round | Outcome:
         if self._parse_header("header"):
@@ -326,17 +329,21 @@ class Rounds(HeaderSteps, Steps):
             self._settle_scale()
         return self._dense_round(None)
 
-    def _dense_round(self, lead: Lead | None) -> Round:
+    def _dense_round(self, lead: Lead | None, words: torch.Tensor | None = None) -> Round:
         """The whole bucket, quantized at the agreed scale, or at the assumed one with the header beside;
-        floats with neither send the header alone first."""
+        floats with neither send the header alone first. ``words``: the bucket already quantized at the
+        assumed scale (by the lead's pass)."""
         self.stats.update(protocol="dense", index="none", candidates=self.x.numel(), residue=0)
         if self.is_float and self.scale is None:
             if self.assumed is None:
                 assert lead is not None
                 return Round(self._lead_messages(lead), self._after_dense_header)
             self.scale = scale_for(self.assumed, self.world)
-        with self.clock("encode"):
-            q = self._quantize(self.x, clamp=self.assumed is not None)
+        if words is not None:
+            q = words
+        else:
+            with self.clock("encode"):
+                q = self._quantize(self.x, clamp=self.assumed is not None)
         messages = [*([] if lead is None else self._lead_messages(lead)), (Op.ADD, "dense", q)]
         return Round(messages, self._after_dense)
 

@@ -38,6 +38,8 @@ whole path is bit-exact.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from host_agent.errors import AggregationError
@@ -57,6 +59,10 @@ MAX_FIELD = 254  # the largest exponent field of a finite float32
 #: An assumed scale's clamp keeps this far inside int32 (a float32 near 2^31 is a multiple of 128); the
 #: CPU kernels' CLAMP_MARGIN (cpu/kernels.h)
 CLAMP_MARGIN = 128
+
+#: The float32 bits of +inf: the bits of |x| (sign cleared) are below them exactly where x is finite.
+INFINITY_BITS = 0x7F800000
+MANTISSA_BITS = 23
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int32,)
@@ -106,7 +112,7 @@ def exponent_field(values: torch.Tensor) -> tuple[int | None, bool]:
         return None, False
     if float(top) == 0.0:
         return None, True
-    return (int(top.view(torch.int32)) >> 23) & 0xFF, True
+    return (int(top.view(torch.int32)) >> MANTISSA_BITS) & 0xFF, True
 
 
 def int_in_bound(values: torch.Tensor, world_size: int) -> bool:
@@ -226,6 +232,34 @@ def quantize(values: torch.Tensor, scale: int, clamp: bool = False, kernels: boo
     if clamp:
         y = y.clamp_(-(2.0**31) + CLAMP_MARGIN, 2.0**31 - CLAMP_MARGIN)
     return torch.round(y).to(torch.int32)
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What a dense round's first pass learns of a float bucket."""
+
+    nonzero: int  # elements that are not zero (NaN counts, -0.0 does not)
+    field: int | None  # :func:`exponent_field`'s
+    finite: bool
+    words: torch.Tensor | None  # quantized at the assumed scale, clamped, where one was given
+
+
+def scan_quantize(values: torch.Tensor, scale: int | None, kernels: bool = True) -> Scan:
+    """The nonzero count and :func:`exponent_field` of ``values`` and, at an assumed ``scale``, their
+    words (``quantize(values, scale, clamp=True)``): one pass over the bucket in C where the kernels are
+    built, three in torch (the twin). A dense round needs all three before it sends."""
+    if kernels and _native_fits(values, torch.float32):
+        words = None if scale is None else torch.empty(values.shape, dtype=torch.int32)
+        found = native.scan_quantize(values.data_ptr(), values.numel(), scale or 0,
+                                     0 if words is None else words.data_ptr())
+        if found is not None:
+            nonzero, largest = found
+            finite = largest < INFINITY_BITS
+            field = largest >> MANTISSA_BITS if finite and largest else None
+            return Scan(nonzero, field, finite, words)
+    field, finite = exponent_field(values)
+    words = None if scale is None else quantize(values, scale, clamp=True, kernels=kernels)
+    return Scan(int(torch.count_nonzero(values)), field, finite, words)
 
 
 def dequantize(q: torch.Tensor, scale: int, dtype: torch.dtype, out: torch.Tensor | None = None,

@@ -19,7 +19,7 @@ from .granularity import count_windows
 from .hashing import MASK32
 from .index import bloom_masks
 from .items import gather_items
-from .quantize import HEADER_WORDS, check_sum_range, dequantize, int_bound, quantize
+from .quantize import HEADER_WORDS, check_sum_range, dequantize, int_bound, quantize, scale_for, scan_quantize
 
 Step = tuple[Op, str, torch.Tensor]  # a message: op, kind, words
 
@@ -85,6 +85,18 @@ class Steps:
         if sketch is not None:
             messages.append((Op.ADD, "sketch", words[end:]))
         return messages
+
+    def _scan_dense(self) -> tuple[Lead, torch.Tensor | None]:
+        """A float bucket's lead (its nonzero count and header) and, at an assumed scale, its words, from
+        one pass (``quantize.scan_quantize``); the words are zeros where the bucket is not finite, as
+        :meth:`_quantize` sends them."""
+        scale = None if self.assumed is None else scale_for(self.assumed, self.world)
+        scan = scan_quantize(self.x, scale, kernels=not self.triton)
+        lead = Lead(scan.nonzero, self._header_of(scan.field, scan.finite, True))
+        words = scan.words
+        if words is not None and not scan.finite:
+            words = torch.zeros_like(words)
+        return lead, words
 
     def _quantize(self, rows: torch.Tensor, clamp: bool = False) -> torch.Tensor:
         if not self.is_float:

@@ -11,6 +11,7 @@
  *   bloom_hits (kernels_bloom.c)     every item's membership in a pattern-blocked Bloom filter, as a bit
  *                                    array; one hash, two loads and one compare per item
  *   quantize, dequantize (kernels_quantize.c)   float32 to int32 at a power-of-two scale and back, one pass
+ *   scan_quantize                    a dense round's one pass: nonzero count, largest |x|, (quantized words)
  *
  * Interface (called from peeling.py, sketch.py, items.py, bits.py and index.py, which check the dtypes,
  * shapes and contiguity of the tensors whose addresses they pass):
@@ -38,6 +39,8 @@
  *     hits    uint32[ceil(n_items / 32)]   out: bit i set when item i may be held
  *   quantize(x, n, scale, clamp, out) -> done   x const float32[n], out int32[n]; False: scale out of reach
  *   dequantize(q, n, scale, out) -> done        q const int32[n], out float32[n]
+ *   scan_quantize(x, n, scale, out) -> (nonzero, largest) or None (scale out of reach)   x const float32[n];
+ *     out int32[n] quantized at the clamped scale, or 0: the scan alone; largest: the top bits of |x|
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -377,6 +380,27 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args)
     return PyBool_FromLong(done);
 }
 
+static PyObject *py_scan_quantize(PyObject *self, PyObject *args)
+{
+    (void)self;
+    unsigned long long x, out;
+    long long n, nonzero = 0;
+    uint32_t largest = 0;
+    int scale, done;
+    if (!PyArg_ParseTuple(args, "KLiK", &x, &n, &scale, &out)) {
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    int64_t count = 0;
+    done = scan_quantize((const float *)(uintptr_t)x, n, scale, (int32_t *)(uintptr_t)out, &count, &largest);
+    nonzero = count;
+    Py_END_ALLOW_THREADS
+    if (!done) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(Lk)", nonzero, (unsigned long)largest);
+}
+
 static PyMethodDef methods[] = {
     {"peel", py_peel, METH_VARARGS, "Peel an aggregated sketch (kernels_peel.c)."},
     {"encode_sketch", py_encode_sketch, METH_VARARGS, "Add items' values into their sketch cells."},
@@ -389,6 +413,7 @@ static PyMethodDef methods[] = {
     {"bloom_hits", py_bloom_hits, METH_VARARGS, "Bit array of the items a Bloom filter may hold."},
     {"quantize", py_quantize, METH_VARARGS, "float32 to int32 at a power-of-two scale, in one pass."},
     {"dequantize", py_dequantize, METH_VARARGS, "int32 sums to float32 at a power-of-two scale, in one pass."},
+    {"scan_quantize", py_scan_quantize, METH_VARARGS, "Nonzero count, largest |x| and quantized words, one pass."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -182,5 +182,11 @@ int64_t scan_nonzero(const uint32_t *x, int64_t n, int is_float, int64_t *pos, u
 #define QUANTIZE_CLAMP_LO (-2147483648.0f + CLAMP_MARGIN)
 int quantize_pow2(const float *x, int64_t n, int scale, int clamp, int32_t *out);
 int dequantize_pow2(const int32_t *q, int64_t n, int scale, float *out);
+/* quantize.py's scan_quantize: x's nonzero count and the largest float32 bits of |x| (MAGNITUDE_MASK'd: at
+ * least infinity's where any x is not finite) and, where out is not NULL, x quantized at an assumed
+ * (clamped) scale; 0 for a scale out of reach, as quantize_pow2. */
+#define MAGNITUDE_MASK 0x7FFFFFFFu
+#define SCAN_CHUNK (1 << 20) /* elements a 32-bit count covers at a time */
+int scan_quantize(const float *x, int64_t n, int scale, int32_t *out, int64_t *nonzero, uint32_t *largest);
 
 #endif
