@@ -352,8 +352,8 @@ class Agent:
         which comes first, has proved that the workers match; its slot in the list is then None."""
         if first and self.backend.waits_for_agreement:
             self._receive(session, sealed, 0, self.backend.reduce(*sealed.wire[0]))
-            return [None, *self.backend.reduce_round(sealed.wire[1:])]
-        return self.backend.reduce_round(sealed.wire)
+            return [None, *self.backend.reduce_round(sealed.wire[1:], sealed.scratch[1:])]
+        return self.backend.reduce_round(sealed.wire, sealed.scratch)
 
     def _receive(self, session: WorkerSession, sealed: SealedRound, index: int, future: Future) -> None:
         """Store one result in the session (an agreement error means the workers' messages no longer line

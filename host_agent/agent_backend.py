@@ -12,7 +12,7 @@ with an :class:`~host_agent.errors.AggregationError`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -45,9 +45,11 @@ class Backend(ABC):
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
         """Start reducing ``words`` (1-D int32) with ``op``; the future holds the reduced words."""
 
-    def reduce_round(self, messages: list[tuple[Op, torch.Tensor]]) -> list[Future[torch.Tensor]]:
+    def reduce_round(self, messages: list[tuple[Op, torch.Tensor]],
+                     scratch: Sequence[bool] = ()) -> list[Future[torch.Tensor]]:
         """:meth:`reduce` each of a round's ``messages`` (op, words), in order: one future each. A backend
-        may reduce several in one operation (the process group packs them into one collective)."""
+        may reduce several in one operation (the process group packs them into one collective), and may
+        reduce a message's words in place where ``scratch`` (per message) says they are nobody else's."""
         return [self.reduce(op, words) for op, words in messages]
 
     def link_estimate(self) -> LinkEstimate | None:

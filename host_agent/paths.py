@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -171,16 +171,19 @@ class PathBackend(Backend):
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
         return self.reduce_round([(op, words)])[0]
 
-    def reduce_round(self, messages: list[tuple[Op, torch.Tensor]]) -> list[Future[torch.Tensor]]:
+    def reduce_round(self, messages: list[tuple[Op, torch.Tensor]],
+                     scratch: Sequence[bool] = ()) -> list[Future[torch.Tensor]]:
         """The current path's reductions. A switch call's messages are logged (a fallback may replay
-        them over the hosts); a call on the hosts is never replayed, so its words are not copied."""
-        futures = self.current.reduce_round(messages)
+        them over the hosts); a call on the hosts is never replayed, so its words are not copied, and
+        its scratch words may be reduced in place."""
         if self._path == SWITCH:
+            futures = self.current.reduce_round(messages)
             with self._lock:
                 self._log.setdefault(self._call, []).extend(
                     _Logged(op, words.detach().clone(), future)
                     for (op, words), future in zip(messages, futures, strict=True))
-        return futures
+            return futures
+        return self.current.reduce_round(messages, scratch)
 
     def link_estimate(self) -> LinkEstimate | None:
         """The switch's measurement, fixed per call: a call redone after a fallback sends the same link

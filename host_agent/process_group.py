@@ -13,8 +13,9 @@ A round's messages go as **one collective** where they can (:meth:`ProcessGroupB
 every collective waits for the slowest rank to reach it, which on shared cores costs more than its bytes.
 The ADD messages are laid end to end in one int32 SUM, and short OR messages (a header, up to
 ``PACKED_OR_MAX_WORDS`` words) ride in it as bit lanes; a long OR message (an index) keeps a collective of
-its own. A dense bucket's round (header, the bucket, the seal) is then one allreduce of the bucket's size,
-as DDP's own.
+its own, and so does a long ADD whose words are the codec's scratch (``Message.scratch``), reduced in
+place. A dense bucket's round is then a short SUM (its header and seal) and the bucket's own allreduce, in
+place, as DDP's.
 
 Collectives run on a process group of their own, so the agent's calls never interleave with DDP's.
 """
@@ -22,6 +23,7 @@ Collectives run on a process group of their own, so the agent's calls never inte
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 import torch
@@ -34,6 +36,9 @@ from lhc_ina.constants import Op
 #: OR messages up to this many words join a round's one SUM as bit lanes (at most 32x their bytes, W = 1024:
 #: small beside the collective they save); longer ones keep a collective of their own.
 PACKED_OR_MAX_WORDS = 1024
+#: A scratch ADD message longer than this (a dense bucket, a large sketch) has a collective of its own, in
+#: place: packing it would copy it, which on shared cores costs more than the collective it saves.
+PACKED_ADD_MAX_WORDS = 1 << 16
 
 
 def bit_lane_width(world_size: int) -> int:
@@ -107,37 +112,51 @@ class ProcessGroupBackend(Backend):
         work = self.group.allgather([gathered], [words])
         return self._complete(work, lambda: _or_all(gathered))
 
-    def reduce_round(self, messages: list[tuple[Op, torch.Tensor]]) -> list[Future[torch.Tensor]]:
-        """The round's ADD messages and short OR messages (as bit lanes) summed in one collective, in
-        the round's order; a long OR message on its own after it. Every rank packs alike: the lengths
-        and ops of a round's messages are agreed (the agreement message came first)."""
+    def reduce_round(self, messages: list[tuple[Op, torch.Tensor]],
+                     scratch: Sequence[bool] = ()) -> list[Future[torch.Tensor]]:
+        """The round's messages summed in one collective, in the round's order (ORs as bit lanes), but
+        for two kinds that each keep a collective of their own, after it: a long ADD whose words are
+        ``scratch``, reduced in place (a dense bucket's words, as DDP reduces its bucket: no copy), and a
+        long OR. Every rank packs alike: the lengths and ops of a round's messages are agreed (the
+        agreement message came first), and so is which are scratch (the codec's own words, by mode and
+        dtype)."""
+        scratch = list(scratch) + [False] * (len(messages) - len(scratch))
+        alone = [op == Op.ADD and spare and words.numel() > PACKED_ADD_MAX_WORDS and self._as_is(words)
+                 for (op, words), spare in zip(messages, scratch, strict=True)]
         packed = [i for i, (op, words) in enumerate(messages)
-                  if op == Op.ADD or words.numel() <= PACKED_OR_MAX_WORDS]
-        if len(packed) < 2:
-            return super().reduce_round(messages)
-        lane = bit_lane_width(self.world_size)
-        parts = [self._host_words(messages[i][1]) for i in packed]
-        pieces = [words if messages[i][0] == Op.ADD else spread_bits(words.cpu(), lane).to(self.device)
-                  for i, words in zip(packed, parts, strict=True)]
-        buffer = torch.cat(pieces)  # the one copy: Gloo and NCCL reduce in place
-        bounds, start = [], 0
-        for piece in pieces:
-            bounds.append((start, start + piece.numel()))
-            start += piece.numel()
-        summed = self._all_reduce(buffer, dist.ReduceOp.SUM, lambda t: t)
+                  if not alone[i] and (op == Op.ADD or words.numel() <= PACKED_OR_MAX_WORDS)]
         futures: list[Future[torch.Tensor] | None] = [None] * len(messages)
-        for slot, i in enumerate(packed):
-            lo, hi = bounds[slot]
-            n_words = parts[slot].numel()
-            if messages[i][0] == Op.ADD:
-                futures[i] = _then(summed, lambda t, lo=lo, hi=hi: t[lo:hi])
-            else:
-                futures[i] = _then(summed, lambda t, lo=lo, hi=hi, n=n_words:
-                                   gather_bits(t[lo:hi].cpu(), lane, n).to(self.device))
+        if len(packed) > 1:
+            for i, future in zip(packed, self._reduce_packed([messages[i] for i in packed]), strict=True):
+                futures[i] = future
         for i, (op, words) in enumerate(messages):
-            if futures[i] is None:
+            if alone[i]:
+                futures[i] = self._all_reduce(words, dist.ReduceOp.SUM, lambda t: t)
+            elif futures[i] is None:
                 futures[i] = self.reduce(op, words)
         return futures  # type: ignore[return-value]
+
+    def _reduce_packed(self, messages: list[tuple[Op, torch.Tensor]]) -> list[Future[torch.Tensor]]:
+        """``messages`` laid end to end in one int32 SUM (ORs as bit lanes): one future each."""
+        lane = bit_lane_width(self.world_size)
+        parts = [self._host_words(words) for _, words in messages]
+        pieces = [words if op == Op.ADD else spread_bits(words.cpu(), lane).to(self.device)
+                  for (op, _), words in zip(messages, parts, strict=True)]
+        summed = self._all_reduce(torch.cat(pieces), dist.ReduceOp.SUM, lambda t: t)  # Gloo sums in place
+        futures, start = [], 0
+        for (op, _), words, piece in zip(messages, parts, pieces, strict=True):
+            lo, hi, n = start, start + piece.numel(), words.numel()
+            start = hi
+            if op == Op.ADD:
+                futures.append(_then(summed, lambda t, lo=lo, hi=hi: t[lo:hi]))
+            else:
+                futures.append(_then(summed, lambda t, lo=lo, hi=hi, n=n:
+                                     gather_bits(t[lo:hi].cpu(), lane, n).to(self.device)))
+        return futures
+
+    def _as_is(self, words: torch.Tensor) -> bool:
+        """Whether ``words`` reach the collective as they are (int32, contiguous, on its device)."""
+        return words.dtype == torch.int32 and words.is_contiguous() and words.device == self.device
 
     def _host_words(self, words: torch.Tensor) -> torch.Tensor:
         """``words`` as int32 on the group's device (a GPU bucket's words cross to the host for Gloo)."""

@@ -69,18 +69,22 @@ class SealedRound:
     messages: list[Message]
     wire: list[tuple[Op, torch.Tensor]]
     folded: bool
+    scratch: list[bool]  # per wire message: a backend may reduce its words in place (Message.scratch)
 
     @classmethod
     def of(cls, call: int, round_: int, messages: list[Message]) -> SealedRound:
         tag = round_tag(call, round_, messages)
         wire = [(m.op, m.words) for m in messages]
+        scratch = [m.scratch for m in messages]
         last = messages[-1].words
         folded = messages[-1].op == Op.ADD and last.numel() % LANES != 0 and last.numel() <= FOLD_MAX_WORDS
         if folded:
             wire[-1] = (Op.ADD, torch.cat([last, seal_words(tag).to(last.device)]))
+            scratch[-1] = True
         else:
             wire.append((Op.ADD, seal_words(tag)))
-        return cls(call, round_, tag, messages, wire, folded)
+            scratch.append(True)
+        return cls(call, round_, tag, messages, wire, folded, scratch)
 
     def take(self, index: int, words: torch.Tensor, world_size: int) -> torch.Tensor | None:
         """The reduced ``words`` of wire message ``index``: the codec's part (None for the seal's own

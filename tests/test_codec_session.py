@@ -281,3 +281,18 @@ def test_without_the_support_check_elements_outside_the_support_count_as_zero(mo
     expected = torch.zeros(100)
     expected[5], expected[7] = 2.0, 1.0
     assert torch.equal(result.total, expected), result.total[[5, 7]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_only_words_that_are_no_view_of_the_bucket_or_its_output_are_scratch(dtype):
+    """A backend may reduce scratch words in place: a float bucket's quantized words are the codec's own,
+    an int32 bucket is sent as it is (its words are the caller's) and the output given may be the bucket."""
+    x = torch.arange(1, 200, dtype=dtype)
+    session = WorkerSession(x, 0, 1, mode="dense", out=x)
+    messages = []
+    while (message := session.next_message()) is not None:
+        messages.append(message)
+        session.receive(message.words.clone())
+    dense = [m for m in messages if m.kind == "dense"]
+    assert dense and all(m.scratch == (dtype == torch.float32) for m in dense)
+    assert all(m.scratch for m in messages if m.kind != "dense")  # the agreement and header are made here

@@ -1,7 +1,8 @@
 """A round's messages over the process group in one collective (``ProcessGroupBackend.reduce_round``):
 each message's words equal what it reduced to alone (ADD mod 2^32, OR exact), whatever mix of ops and
-lengths the round holds, and a round of ADDs and short ORs costs one collective. Real Gloo groups, one
-per thread of this process, over one in-memory store."""
+lengths the round holds, and a round of ADDs and short ORs costs one collective; a long OR and a long
+scratch ADD (reduced in place, the only words a round may overwrite) one each besides. Real Gloo groups,
+one per thread of this process, over one in-memory store."""
 
 from __future__ import annotations
 
@@ -12,19 +13,28 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from host_agent.process_group import PACKED_OR_MAX_WORDS, ProcessGroupBackend
+from host_agent.process_group import PACKED_ADD_MAX_WORDS, PACKED_OR_MAX_WORDS, ProcessGroupBackend
 from lhc_ina.constants import Op
 
 WORLD = 3
 
 
-def _round(rng: random.Random) -> list[tuple[Op, int]]:
-    """A round's (op, length): ADDs of any length, ORs short enough to pack and, now and then, a long one."""
-    lengths = [1, 7, 64, 1000, 40_000]
-    shapes = [(rng.choice([Op.ADD, Op.OR]), rng.choice(lengths)) for _ in range(rng.randint(1, 5))]
+def _round(rng: random.Random) -> list[tuple[Op, int, bool]]:
+    """A round's (op, length, scratch): ADDs of any length, ORs short enough to pack and, now and then, a
+    long one; some messages' words are scratch (the backend may overwrite them)."""
+    lengths = [1, 7, 64, 1000, 40_000, PACKED_ADD_MAX_WORDS, PACKED_ADD_MAX_WORDS + 1 + rng.randrange(9000)]
+    shapes = [(rng.choice([Op.ADD, Op.OR]), rng.choice(lengths), rng.random() < 0.5)
+              for _ in range(rng.randint(1, 5))]
     if rng.random() < 0.3:
-        shapes.insert(rng.randrange(len(shapes) + 1), (Op.OR, PACKED_OR_MAX_WORDS + 1 + rng.randrange(3000)))
+        shapes.insert(rng.randrange(len(shapes) + 1),
+                      (Op.OR, PACKED_OR_MAX_WORDS + 1 + rng.randrange(3000), rng.random() < 0.5))
     return shapes
+
+
+def _alone(op: Op, n: int, scratch: bool) -> bool:
+    """A message with a collective of its own: a long OR, or a long ADD reduced in place."""
+    long_add = op == Op.ADD and scratch and n > PACKED_ADD_MAX_WORDS
+    return long_add or (op == Op.OR and n > PACKED_OR_MAX_WORDS)
 
 
 def _seed(seed: int, round_: int, message: int) -> int:
@@ -102,17 +112,24 @@ def test_a_round_packs_into_one_collective_and_every_message_reduces_exactly(gro
         results, counts = [], []
         for number, shapes in enumerate(rounds):
             before = group.collectives
-            messages = [(op, _words(_seed(seed, number, i), rank, n)) for i, (op, n) in enumerate(shapes)]
-            results.append([future.result(timeout=30) for future in backend.reduce_round(messages)])
+            messages = [(op, _words(_seed(seed, number, i), rank, n)) for i, (op, n, _) in enumerate(shapes)]
+            scratch = [spare for _, _, spare in shapes]
+            futures = backend.reduce_round(messages, scratch)
+            results.append([future.result(timeout=30) for future in futures])
             counts.append(group.collectives - before)
+            for i, (op, n, spare) in enumerate(shapes):  # only a long scratch ADD is overwritten, in place
+                in_place = op == Op.ADD and spare and n > PACKED_ADD_MAX_WORDS
+                assert (results[-1][i].data_ptr() == messages[i][1].data_ptr()) == in_place, (op, n, spare)
+                if not in_place:
+                    assert torch.equal(messages[i][1], _words(_seed(seed, number, i), rank, n))
         return results, counts
 
     per_rank = _in_threads(member)
     for number, shapes in enumerate(rounds):
-        for i, (op, n) in enumerate(shapes):
+        for i, (op, n, _) in enumerate(shapes):
             want = _expected(op, [_words(_seed(seed, number, i), rank, n) for rank in range(WORLD)])
             for rank in range(WORLD):
                 assert torch.equal(per_rank[rank][0][number][i], want), (number, i, op, n, rank)
-        long_ors = sum(1 for op, n in shapes if op == Op.OR and n > PACKED_OR_MAX_WORDS)
-        want_collectives = long_ors + (1 if len(shapes) > long_ors else 0)
+        alone = sum(1 for shape in shapes if _alone(*shape))
+        want_collectives = alone + (1 if len(shapes) > alone else 0)
         assert {per_rank[rank][1][number] for rank in range(WORLD)} == {want_collectives}, shapes

@@ -299,8 +299,10 @@ class WorkerSession:
     def _queue(self, step: Round) -> None:
         self._round += 1
         self._next = step
+        kept = [t.untyped_storage().data_ptr() for t in (self._rounds.x, self._rounds.out) if t is not None]
         for op, kind, words in step.messages:
-            msg = Message(op, words.reshape(-1), self._round, kind)
+            scratch = words.untyped_storage().data_ptr() not in kept  # an int32 bucket is its own words
+            msg = Message(op, words.reshape(-1), self._round, kind, scratch)
             self._steps.append((self._round, op.name, kind, msg.words.numel()))
             self._outbox.append(msg)
 

@@ -19,6 +19,9 @@ class Message:
     words: torch.Tensor
     round: int
     kind: str  # what the words are: agree, header, index, sketch, values, residue, dense
+    #: The words are this message's alone, no view of the bucket or its output: a backend may reduce them
+    #: in place (the process group's long ADDs, which then need no copy).
+    scratch: bool = False
 
 
 @dataclass(frozen=True)
