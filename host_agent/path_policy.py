@@ -8,15 +8,17 @@ path for every call.
 - :class:`SwitchWhileHealthy` (the default): every call through the switch while its path is usable.
 - :class:`FastestPath` (``path="fastest"``, ``LHC_PATH=fastest``): each bucket over the path that was
   faster for it. A bucket's first call goes through the switch (mode ``auto`` measures its density
-  there); its next ``2 * trials`` calls (2 by default) alternate switch and hosts, each rank timing them;
-  at the next
-  call the ranks add their timings (microseconds, one ADD of two words) and the bucket keeps the path
-  with the smaller sum from then on. Dense buckets, which the switch moves as 272-byte packets where
-  Gloo moves full frames, are where the hosts can win.
+  there); its next ``2 * trials`` calls (4 by default) alternate switch and hosts, each rank timing them
+  and keeping its fastest call of each path (one slow call, a step that met a busy core or a path's first
+  large collective, then decides nothing); at the next call the ranks add those (microseconds, one ADD of
+  three words: a rank that could not time both paths keeps the bucket on the switch) and the bucket
+  keeps the path with the smaller sum from then on. Dense buckets, which the switch moves as 272-byte
+  packets where Gloo moves full frames, are where the hosts can win.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
@@ -26,8 +28,8 @@ import torch
 SWITCH, HOST = "switch", "host"
 #: The path policies by the name a launch line gives them (``path=`` / ``LHC_PATH``).
 PATH_CHOICES = ("switch", "fastest")
-#: Calls of each path a bucket is timed over before :class:`FastestPath` settles it.
-DEFAULT_TRIALS = 1
+#: Calls of each path a bucket is timed over before :class:`FastestPath` settles it (its fastest counts).
+DEFAULT_TRIALS = 2
 
 #: Sums int32 words over every rank through the hosts, within the meeting deadline; the string says what
 #: the sum is for, in the error of a rank that does not come.
@@ -80,7 +82,7 @@ class FastestPath:
         self.reasons: dict[Hashable, str] = {}
         self._seen: dict[Hashable, int] = {}  # calls of each bucket chosen so far (trials included)
         self._trial_of: dict[int, str] = {}  # call number -> the path it was a trial of
-        self._spent_us: dict[Hashable, list[int]] = {}  # bucket key -> [switch, host] microseconds here
+        self._best_us: dict[Hashable, list[int]] = {}  # bucket key -> [switch, host]: fastest trial here
 
     def choose(self, facts: CallFacts, host_sum: HostSum) -> str:
         if not facts.switch_usable:
@@ -99,24 +101,34 @@ class FastestPath:
     def observe(self, facts: CallFacts, path: str, seconds: float) -> None:
         if self._trial_of.pop(facts.number, None) != path:  # not a trial, or moved by a fallback
             return
-        spent = self._spent_us.setdefault(facts.key, [0, 0])
+        best = self._best_us.setdefault(facts.key, [0, 0])  # 0: not timed yet
         index = 0 if path == SWITCH else 1
-        spent[index] = min(self.cap_us, spent[index] + int(seconds * 1e6))
+        took = max(1, min(self.cap_us, int(seconds * 1e6)))
+        best[index] = took if best[index] == 0 else min(best[index], took)
 
     def _settle(self, key: Hashable, host_sum: HostSum) -> str:
-        mine = torch.tensor(self._spent_us.pop(key, [0, 0]), dtype=torch.int32)
-        switch_us, host_us = (int(v) for v in host_sum(mine, f"the path trials of bucket {key!r}"))
-        path = HOST if 0 < host_us < switch_us else SWITCH
+        best = self._best_us.pop(key, [0, 0])
+        untimed = int(0 in best)  # a trial moved by a fallback: this rank cannot compare the paths
+        mine = torch.tensor([*best, untimed], dtype=torch.int32)
+        summed = host_sum(mine, f"the path trials of bucket {key!r}")
+        switch_us, host_us, ranks_untimed = (int(v) for v in summed)
+        path = HOST if ranks_untimed == 0 and host_us < switch_us else SWITCH
         self.settled[key] = path
-        self.reasons[key] = (f"{self.trials} calls each, summed over the ranks: switch "
+        self.reasons[key] = (f"the fastest of {self.trials} calls each, summed over the ranks: switch "
                              f"{switch_us / 1e3:.1f} ms, hosts {host_us / 1e3:.1f} ms")
         return path
 
 
 def make_policy(name: str, world_size: int) -> SwitchWhileHealthy | FastestPath:
-    """The policy a launch line names (:data:`PATH_CHOICES`)."""
+    """The policy a launch line names (:data:`PATH_CHOICES`); ``LHC_PATH_TRIALS`` sets how many calls of
+    each path :class:`FastestPath` times (default :data:`DEFAULT_TRIALS`)."""
     if name == "switch":
         return SwitchWhileHealthy()
     if name == "fastest":
-        return FastestPath(world_size)
+        text = os.environ.get("LHC_PATH_TRIALS", str(DEFAULT_TRIALS))
+        try:
+            trials = int(text)
+        except ValueError:
+            raise ValueError(f"LHC_PATH_TRIALS must be an integer, not {text!r}") from None
+        return FastestPath(world_size, trials)
     raise ValueError(f"path must be one of {PATH_CHOICES}, not {name!r}")

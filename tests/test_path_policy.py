@@ -25,7 +25,7 @@ from lhc_ina.constants import Op
 from tests.harness.faults import float_input
 from tests.harness.local_backend import LocalBackend, LocalGroup
 
-WORLD, CALLS = 3, 12
+WORLD, CALLS = 3, 14
 
 
 def _facts(number: int, key: str = "a", usable: bool = True) -> CallFacts:
@@ -52,15 +52,42 @@ def test_fastest_warms_up_on_the_switch_then_alternates_and_settles_on_the_small
         return words * 2  # two ranks that measured alike
 
     paths = []
+    took = {SWITCH: iter([0.030, 0.025]), HOST: iter([0.040, 0.010])}  # each path's slow call is dropped
     for number in range(5):
         paths.append(policy.choose(_facts(number), host_sum))
-        policy.observe(_facts(number), paths[-1], 0.030 if paths[-1] == SWITCH else 0.010)
+        policy.observe(_facts(number), paths[-1], 0.5 if number == 0 else next(took[paths[-1]]))
     assert paths == [SWITCH, SWITCH, HOST, SWITCH, HOST]
     assert sums == []  # no meeting before every trial is in
     assert policy.choose(_facts(5), host_sum) == HOST
-    assert sums == [[60_000, 20_000]]  # the warm-up call is not a trial
+    assert sums == [[25_000, 10_000, 0]]  # each path's fastest trial; the warm-up call is not a trial
     assert policy.choose(_facts(6), host_sum) == HOST and len(sums) == 1  # settled: no more meetings
-    assert "switch 120.0 ms, hosts 40.0 ms" in policy.reasons["a"]
+    assert "switch 50.0 ms, hosts 20.0 ms" in policy.reasons["a"]
+
+
+def test_a_rank_that_could_not_time_both_paths_keeps_the_bucket_on_the_switch() -> None:
+    """A fallback moved this rank's host trial (it never observed it): the hosts look free here, so the
+    rank says it cannot compare, and every rank keeps the switch whatever the others timed."""
+    policy = FastestPath(world_size=2, trials=1)
+    for number in range(3):
+        path = policy.choose(_facts(number), _no_meeting)
+        if path == SWITCH:
+            policy.observe(_facts(number), path, 0.050)
+    sent = []
+
+    def host_sum(words: torch.Tensor, what: str) -> torch.Tensor:
+        sent.append(words.tolist())
+        return words + torch.tensor([50_000, 1_000, 0], dtype=torch.int32)  # the peer found the hosts fast
+
+    assert policy.choose(_facts(3), host_sum) == SWITCH
+    assert sent == [[50_000, 0, 1]]
+
+
+def test_the_launch_line_sets_the_trials(monkeypatch) -> None:
+    monkeypatch.setenv("LHC_PATH_TRIALS", "3")
+    assert make_policy("fastest", 4).trials == 3
+    monkeypatch.setenv("LHC_PATH_TRIALS", "two")
+    with pytest.raises(ValueError, match="LHC_PATH_TRIALS must be an integer"):
+        make_policy("fastest", 4)
 
 
 def test_fastest_keeps_the_switch_when_it_is_faster_or_the_hosts_were_never_timed() -> None:
@@ -80,7 +107,7 @@ def test_fastest_takes_the_hosts_while_the_switch_is_not_usable_and_caps_its_sum
     policy.choose(_facts(1), lambda w, s: w)
     policy.choose(_facts(2), lambda w, s: w)
     policy.observe(_facts(2), SWITCH, 10_000.0)  # an hour-long trial saturates, never wraps
-    assert policy._spent_us["a"][0] == policy.cap_us
+    assert policy._best_us["a"][0] == policy.cap_us
 
 
 def test_a_path_name_the_policies_do_not_know_is_refused() -> None:
@@ -131,5 +158,6 @@ def test_fastest_moves_buckets_to_the_faster_hosts_with_the_switchs_bits() -> No
     paths = [[path for _, path in calls] for calls in fastest]
     assert paths[0] == paths[1] == paths[2]
     trials = 1 + 2 * DEFAULT_TRIALS  # calls per bucket before it settles; two buckets alternate
-    assert paths[0][: 2 * trials] == [SWITCH] * 4 + [HOST] * 2
+    per_bucket = [SWITCH] + [SWITCH, HOST] * DEFAULT_TRIALS  # the warm-up call, then the trials
+    assert paths[0][: 2 * trials] == [path for path in per_bucket for _ in range(2)]
     assert paths[0][2 * trials:] == [HOST] * (CALLS - 2 * trials)

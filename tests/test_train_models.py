@@ -85,14 +85,15 @@ def test_the_summary_says_when_lhc_differs_from_dense() -> None:
 
 
 def test_the_summary_times_the_fastest_path_once_its_trials_are_over() -> None:
-    """lhc_fastest's first three steps are each bucket's warm-up call and its two trials (one on the
-    hosts): its mean starts at step 3, the other ways' at step 2; peak memory is the ranks' largest."""
-    losses = [[0.5] * 5]
-    runs = {way: [{**_rank(way, losses), "step_s": [9.0, 9.0, 9.0, 1.0, 1.0], "bytes_per_step": [10] * 5,
-                   "resident_mb": [100.0, 300.0, None, 200.0, 200.0]}] for way in ("ddp", "lhc_fastest")}
+    """lhc_fastest's first five steps are each bucket's warm-up call and its four trials (two on the
+    hosts): its mean starts at step 5, the other ways' at step 2; peak memory is the ranks' largest."""
+    losses = [[0.5] * 7]
+    runs = {way: [{**_rank(way, losses), "step_s": [9.0] * 5 + [1.0, 1.0], "bytes_per_step": [10] * 7,
+                   "resident_mb": [100.0, 300.0, None, 200.0, 200.0, 200.0, 200.0]}]
+            for way in ("ddp", "lhc_fastest")}
     rows = {row["way"]: row for row in summarize(runs)["ways"]}
-    assert rows["ddp"]["step_s"] == (9.0 + 1.0 + 1.0) / 3 and rows["ddp"]["timed_from_step"] == 2
-    assert rows["lhc_fastest"]["step_s"] == 1.0 and rows["lhc_fastest"]["timed_from_step"] == 3
+    assert rows["ddp"]["step_s"] == (9.0 * 3 + 1.0 + 1.0) / 5 and rows["ddp"]["timed_from_step"] == 2
+    assert rows["lhc_fastest"]["step_s"] == 1.0 and rows["lhc_fastest"]["timed_from_step"] == 5
     assert rows["lhc_fastest"]["peak_resident_mb_per_worker"] == 300.0
 
 
@@ -119,9 +120,12 @@ STEPS, RESUME_AT = 5, 3
 
 @pytest.fixture(scope="module")
 def straight(controller, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """2 workers, 5 uninterrupted steps of every tiny model every way of ``WAYS`` (one set of processes)."""
+    """2 workers, 5 uninterrupted steps of every tiny model every way of ``WAYS`` (one set of processes);
+    lhc_fastest times one call of each path (``LHC_PATH_TRIALS=1``), so that it settles from step 3."""
     folder = tmp_path_factory.mktemp("run")
-    return train.run_ways(_args(steps=STEPS), sorted(MODELS), WAYS, controller, folder)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LHC_PATH_TRIALS", "1")
+        return train.run_ways(_args(steps=STEPS), sorted(MODELS), WAYS, controller, folder)
 
 
 @pytest.mark.slow
