@@ -158,6 +158,8 @@ def train(args: argparse.Namespace, model: str, way: str) -> dict:
         "bytes_basis": costs[-1]["bytes_basis"] if costs else "",
         "modes": sorted({mode for cost in costs for mode in cost.get("modes", ())}),
         "aggregate_s": [cost.get("network_s", 0.0) for cost in costs],
+        "codec_s": [[cost.get("encode_s", 0.0), cost.get("decode_s", 0.0)] for cost in costs],
+        "buckets_by_path": [cost.get("buckets_by_path", [0, 0]) for cost in costs],  # [switch, host]
         "resident_mb": resident,
         "density": {str(index): list(counts) for index, counts in trainer.hook.density().items()},
     }
