@@ -5,7 +5,9 @@ Starts softswitch (UDP on loopback) and the controller, or uses ``--controller A
 it admits a job and runs W worker processes (``benchmarks.aggregate_worker``) that aggregate one sparse
 float32 bucket in every mode of ``--modes``, checking each result exactly, and then allreduce the same
 buckets, dense, in a Gloo process group of the same processes (TCP on loopback; mode ``gloo``, checked
-within float rounding: ``benchmarks.aggregate_gloo``). One JSON object per (density, mode):
+within float rounding: ``benchmarks.aggregate_gloo``), and aggregate them with the codec's dense mode over
+that process group (mode ``hosts``, exact: the path a dense bucket takes with ``path="fastest"``). One
+JSON object per (density, mode):
 ``elements_per_s`` counts dense-equivalent elements aggregated per second (the bucket's length over the
 slowest worker's time); ``speedup_vs_dense`` and ``speedup_vs_gloo`` divide dense's and Gloo's times by
 the mode's. ``max_error`` is the largest difference from the row's ``reference``; ``within_tolerance``
@@ -27,8 +29,8 @@ scaled per worker (times W / 32).
 
 ``--per-process K`` runs K workers in each worker process (each an agent with its own socket, on its own
 thread; default 1 up to 32 workers, 8 beyond): 64 worker processes each with its own interpreter and copy
-of every input do not fit two cores. Gloo's row needs one process per worker, so it is left out when
-K > 1 (``speedup_vs_gloo`` is then null).
+of every input do not fit two cores. Gloo's and the hosts' rows need one process per worker, so they are
+left out when K > 1 (``speedup_vs_gloo`` is then null).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ from lhc_ina.constants import MAX_JOB_WORKERS, MAX_LEAVES, MAX_WORKERS
 MODES = ("dense", "sketch", "union", "auto")
 #: The rows every run has: the baselines of the speedups.
 BASELINES = ("dense", "gloo")
+#: The rows over the hosts' process group, beside the switch's modes: Gloo's allreduce and the codec's
+#: dense mode (``benchmarks.aggregate_gloo``).
+PROCESS_GROUP_ROWS = ("gloo", "hosts")
 
 
 def _densities(text: str) -> list[float]:
@@ -268,7 +273,7 @@ def _summarize(args: argparse.Namespace, density: float, rows: list[dict], loss:
     if gloo_s is None and "gloo" in by_mode:
         gloo_s = max(r["seconds"] for r in by_mode["gloo"])
     results = []
-    for mode in [m for m in [*args.modes, "gloo"] if m in by_mode]:
+    for mode in [m for m in [*args.modes, *PROCESS_GROUP_ROWS] if m in by_mode]:
         ranks = by_mode[mode]
         seconds = max(r["seconds"] for r in ranks)
         results.append({
@@ -302,7 +307,8 @@ def _plot(results: list[dict], path: Path) -> None:
 
     plt = figures.pyplot()
 
-    colors = {mode: f"C{i}" for i, mode in enumerate([*MODES, "gloo"])}  # a mode's color in both panels
+    # a mode's color, the same in both panels
+    colors = {mode: f"C{i}" for i, mode in enumerate([*MODES, *PROCESS_GROUP_ROWS])}
     figure, panels = plt.subplots(1, 2, figsize=(11, 4))
     clean = [r for r in results if r["loss"] == 0 and r["mode"] in colors]
     for axes, baseline in zip(panels, BASELINES, strict=True):

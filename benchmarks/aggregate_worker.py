@@ -12,8 +12,9 @@ waiting for each other.
 Every worker derives every worker's input from the seed, so each one checks its own results exactly
 against the plain sum of the quantized inputs. Each timed call starts after a one-word aggregation that
 lines the workers up; one untimed call per mode first gives the codec its steady-state sizes. Prints one
-JSON line per mode on stdout; with ``--gloo-init``, then one for the same buckets allreduced by Gloo
-(``benchmarks.aggregate_gloo``), the agent's rank becoming the process group's.
+JSON line per mode on stdout; with ``--gloo-init``, then one for the same buckets allreduced by Gloo and
+one for them aggregated by the codec over that process group (``benchmarks.aggregate_gloo``: rows
+``gloo`` and ``hosts``), the agent's rank becoming the process group's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 
 import torch
 
-from benchmarks.aggregate_gloo import gloo_row, worst
+from benchmarks.aggregate_gloo import process_group_rows, worst
 from host_agent.agent import Agent
 from host_agent.transport.channel import Impairment
 
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
     if args.gloo_init:  # after the agent has left: its I/O thread no longer shares the cores
         _, rank, mine = outcomes[0]
-        print(json.dumps(gloo_row(mine, everyone, rank, args.gloo_init, args.repeats)), flush=True)
+        for row in process_group_rows(mine, everyone, rank, args.gloo_init, args.repeats, expected):
+            print(json.dumps(row), flush=True)
     return 0
 
 

@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--items", type=int, default=20_000, help="train: item embedding rows (%(default)s)")
     parser.add_argument("--length", type=int, default=200_000, help="bench: bucket length (%(default)s)")
     parser.add_argument("--density", type=float, default=0.01, help="bench: density (%(default)s)")
+    parser.add_argument("--process-group", action="store_true",
+                        help="bench: also Gloo's allreduce and the codec's dense mode over the hosts' "
+                             "process group (rows gloo and hosts), their TCP through the same switch")
     parser.add_argument("--python", default=str(REPO / ".venv" / "bin" / "python"),
                         help="the project's interpreter, run inside the hosts (%(default)s)")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "emulation", help="(%(default)s)")
@@ -309,8 +312,10 @@ def run_bench(args: argparse.Namespace, cluster: topo.Cluster, controller: str, 
         argv = [args.python, "-m", "benchmarks.aggregate_worker", "--controller", controller, "--job", job,
                 "--length", str(args.length), "--density", str(args.density), "--workers", str(args.workers),
                 "--modes", "dense,sketch,auto", "--ip", topo.host_ip(index), "--host", host.name]
-        procs.append(started.add(host.popen(argv, cwd=str(REPO), env=_env(LHC_TOKEN_FILE=str(credential)),
-                                            stdout=subprocess.PIPE,
+        if args.process_group:  # then Gloo's allreduce and the codec over the hosts, through the same switch
+            argv += ["--gloo-init", f"tcp://{topo.host_ip(1)}:29500"]
+        env = _env(LHC_TOKEN_FILE=str(credential), GLOO_SOCKET_IFNAME=f"{host.name}-eth0")
+        procs.append(started.add(host.popen(argv, cwd=str(REPO), env=env, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, text=True)))
     rows = []
     for proc in procs:

@@ -125,13 +125,15 @@ AGGREGATE_FIELDS = {
 }
 
 
-def test_aggregate_benchmark_has_a_gloo_row_beside_the_switch_modes(capsys, tmp_path: Path) -> None:
+def test_aggregate_benchmark_has_gloo_and_hosts_rows_beside_the_switch_modes(capsys, tmp_path: Path) -> None:
+    """Gloo's allreduce within float rounding, and the codec's dense mode over the same process group
+    exact, as the switch's modes are."""
     plot = tmp_path / "aggregate.png"
     argv = ["aggregate", "--length", "20000", "--density", "0.01", "--workers", "2",
             "--modes", "dense,sketch", "--repeats", "1", "--json", "--plot", str(plot)]
     assert main(argv) == 0
     rows = {r["mode"]: r for r in _json_lines(capsys.readouterr().out)}
-    assert list(rows) == ["dense", "sketch", "gloo"]
+    assert list(rows) == ["dense", "sketch", "gloo", "hosts"]
     for row in rows.values():
         assert row.keys() >= AGGREGATE_FIELDS, row
         assert row["within_tolerance"] is True
@@ -141,8 +143,9 @@ def test_aggregate_benchmark_has_a_gloo_row_beside_the_switch_modes(capsys, tmp_
     gloo = rows["gloo"]
     assert gloo["speedup_vs_gloo"] == 1.0 and gloo["tolerance"] > 0 and gloo["bytes_per_worker"] is None
     assert gloo["max_error"] <= gloo["tolerance"]
-    for mode in ("dense", "sketch"):
+    for mode in ("dense", "sketch", "hosts"):
         assert rows[mode]["exact"] is True and rows[mode]["max_error"] == rows[mode]["tolerance"] == 0.0
+    assert rows["hosts"]["chosen"] == ["dense"] and rows["hosts"]["bytes_per_worker"] is None
     assert plot.stat().st_size > 0
 
 
