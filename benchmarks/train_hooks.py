@@ -107,6 +107,14 @@ class WayHook:
     def density(self) -> dict[int, tuple[int, int]]:
         return dict(self.measured.density) if self.measured is not None else {}
 
+    def settled_paths(self) -> dict[str, str]:
+        """Each bucket's path and why, where a policy settled it by timing (``path="fastest"``)."""
+        if self.measured is None or self.way.hook == "powersgd":
+            return {}
+        policy = getattr(self.measured.state.agent.backend, "policy", None)
+        return {f"{key[0]}: {key[1]} elements": f"{path} ({policy.reasons[key]})"
+                for key, path in getattr(policy, "settled", {}).items()}
+
     # --- checkpoints ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         if self.measured is None:

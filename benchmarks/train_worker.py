@@ -162,6 +162,7 @@ def train(args: argparse.Namespace, model: str, way: str) -> dict:
         "buckets_by_path": [cost.get("buckets_by_path", [0, 0]) for cost in costs],  # [switch, host]
         "resident_mb": resident,
         "density": {str(index): list(counts) for index, counts in trainer.hook.density().items()},
+        "settled_paths": trainer.hook.settled_paths(),
     }
 
 

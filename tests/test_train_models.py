@@ -137,6 +137,9 @@ def test_every_tiny_model_trains_through_softswitch_as_dense_bit_for_bit(straigh
         assert [r["losses"] for r in ways["lhc"]] == [r["losses"] for r in ways["dense"]], name
         # each bucket on its faster path (its trials, then settled from step 3): still dense's bits
         assert [r["losses"] for r in ways["lhc_fastest"]] == [r["losses"] for r in ways["dense"]], name
+        settled = ways["lhc_fastest"][0]["settled_paths"]  # every bucket, its path and the trials' sums
+        assert settled and all(why.split()[0] in ("switch", "host") and " ms" in why
+                               for why in settled.values())
         assert all(len(r["losses"][0]) == STEPS for r in ways["lhc"])
         assert ways["lhc"][0]["modes"] and ways["dense"][0]["modes"] == ["dense"], name
         result = summarize(ways)
