@@ -8,10 +8,10 @@ argument parsing) and its C parts beside it as ``name_<part>.c`` with ``name.h``
 - ``lhc_ina/_udp.c`` + ``udp_receive.c`` (``udp.h``) + ``udp_batch.c`` (the one batched-UDP layer,
   sendmmsg with GSO runs and recvmmsg, and the one socket-error rule, that the other two use as well;
   ``udp_python.h``: its counters as Python objects);
-- ``host_agent/codec/cpu/_kernels.c`` + ``kernels_peel.c``, ``kernels_sketch.c``, ``kernels_scan.c``,
-  ``kernels_hash.c``, ``kernels_quantize.c``, ``kernels_sort.c``, ``kernels_bloom.c``,
-  ``kernels_threads.c`` (``kernels.h``): the codec's CPU kernels (pthreads for the second core), loaded
-  by ``host_agent/codec/cpu/__init__.py``.
+- ``host_agent/codec/cpu/_kernels.c`` (and ``_kernels_quantize.c``, its quantize bindings) +
+  ``kernels_peel.c``, ``kernels_sketch.c``, ``kernels_scan.c``, ``kernels_hash.c``, ``kernels_quantize.c``,
+  ``kernels_sort.c``, ``kernels_bloom.c``, ``kernels_threads.c`` (``kernels.h``): the codec's CPU kernels
+  (pthreads for the second core), loaded by ``host_agent/codec/cpu/__init__.py``.
 
 Everything else is in pyproject.toml. Every extension is optional: where no C compiler is present the
 install still succeeds; the codec then uses its torch implementations, the stream its Python engine,
@@ -32,6 +32,7 @@ setup(
             "host_agent.codec.cpu._kernels",
             [
                 "host_agent/codec/cpu/_kernels.c",
+                "host_agent/codec/cpu/_kernels_quantize.c",
                 "host_agent/codec/cpu/kernels_bloom.c",
                 "host_agent/codec/cpu/kernels_hash.c",
                 "host_agent/codec/cpu/kernels_peel.c",

@@ -12,6 +12,7 @@
  *                                    array; one hash, two loads and one compare per item
  *   quantize, dequantize (kernels_quantize.c)   float32 to int32 at a power-of-two scale and back, one pass
  *   scan_quantize                    a dense round's one pass: nonzero count, largest |x|, (quantized words)
+ *                                    (these three bound in _kernels_quantize.c, added to the module here)
  *
  * Interface (called from peeling.py, sketch.py, items.py, bits.py and index.py, which check the dtypes,
  * shapes and contiguity of the tensors whose addresses they pass):
@@ -49,6 +50,8 @@
 #include <stdint.h>
 
 #include "kernels.h"
+
+extern PyMethodDef quantize_methods[]; /* _kernels_quantize.c */
 
 /* Geometry from Python: (arity, starts, seg, block, start_seed, (seed_0, .. seed_{arity-1})), checked. */
 static int parse_geometry(PyObject *tuple, struct geometry *g)
@@ -350,57 +353,6 @@ static PyObject *py_bloom_hits(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_quantize(PyObject *self, PyObject *args)
-{
-    (void)self;
-    unsigned long long x, out;
-    long long n;
-    int scale, clamp, done;
-    if (!PyArg_ParseTuple(args, "KLipK", &x, &n, &scale, &clamp, &out)) {
-        return NULL;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    done = quantize_pow2((const float *)(uintptr_t)x, n, scale, clamp, (int32_t *)(uintptr_t)out);
-    Py_END_ALLOW_THREADS
-    return PyBool_FromLong(done);
-}
-
-static PyObject *py_dequantize(PyObject *self, PyObject *args)
-{
-    (void)self;
-    unsigned long long q, out;
-    long long n;
-    int scale, done;
-    if (!PyArg_ParseTuple(args, "KLiK", &q, &n, &scale, &out)) {
-        return NULL;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    done = dequantize_pow2((const int32_t *)(uintptr_t)q, n, scale, (float *)(uintptr_t)out);
-    Py_END_ALLOW_THREADS
-    return PyBool_FromLong(done);
-}
-
-static PyObject *py_scan_quantize(PyObject *self, PyObject *args)
-{
-    (void)self;
-    unsigned long long x, out;
-    long long n, nonzero = 0;
-    uint32_t largest = 0;
-    int scale, done;
-    if (!PyArg_ParseTuple(args, "KLiK", &x, &n, &scale, &out)) {
-        return NULL;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    int64_t count = 0;
-    done = scan_quantize((const float *)(uintptr_t)x, n, scale, (int32_t *)(uintptr_t)out, &count, &largest);
-    nonzero = count;
-    Py_END_ALLOW_THREADS
-    if (!done) {
-        Py_RETURN_NONE;
-    }
-    return Py_BuildValue("(Lk)", nonzero, (unsigned long)largest);
-}
-
 static PyMethodDef methods[] = {
     {"peel", py_peel, METH_VARARGS, "Peel an aggregated sketch (kernels_peel.c)."},
     {"encode_sketch", py_encode_sketch, METH_VARARGS, "Add items' values into their sketch cells."},
@@ -411,9 +363,6 @@ static PyMethodDef methods[] = {
     {"popcount", py_popcount, METH_VARARGS, "Number of set bits of uint32 words."},
     {"set_bits", py_set_bits, METH_VARARGS, "Sorted positions of the set bits of uint32 words."},
     {"bloom_hits", py_bloom_hits, METH_VARARGS, "Bit array of the items a Bloom filter may hold."},
-    {"quantize", py_quantize, METH_VARARGS, "float32 to int32 at a power-of-two scale, in one pass."},
-    {"dequantize", py_dequantize, METH_VARARGS, "int32 sums to float32 at a power-of-two scale, in one pass."},
-    {"scan_quantize", py_scan_quantize, METH_VARARGS, "Nonzero count, largest |x| and quantized words, one pass."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -423,5 +372,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__kernels(void)
 {
-    return PyModule_Create(&module);
+    PyObject *created = PyModule_Create(&module);
+    if (created != NULL && PyModule_AddFunctions(created, quantize_methods) < 0) {
+        Py_DECREF(created);
+        return NULL;
+    }
+    return created;
 }
