@@ -35,7 +35,7 @@ from .granularity import choose_group
 from .hashing import derive_seed
 from .header_steps import HeaderSteps
 from .index import IndexSpec, choose_index, encode_index, expected_false_positives, query_index
-from .items import count_nonzero_items, gather_items, item_count, nonzero_rows, support_items
+from .items import gather_items, item_count, nonzero_rows, support_items
 from .options import Options
 from .output import OutputRange
 from .peeling import peel
@@ -147,7 +147,7 @@ class Rounds(HeaderSteps, Steps):
                 lead = self._scan_triton()
             else:
                 if self.support is None and sizing:  # counted now, listed only if a sparse round comes
-                    lead = Lead(count_nonzero_items(self.x, self.block), self._header(self.x))
+                    lead, _ = self._counted_lead()
                 else:
                     self._list_items()
                     complete = True
@@ -316,10 +316,9 @@ class Rounds(HeaderSteps, Steps):
         with self.clock("encode"):
             if self.triton:
                 lead = self._scan_triton()
-            elif self.is_float and self.block == 1:  # one pass for the lead and, if it can, the words
-                lead, words = self._scan_dense()
-            else:
-                lead = Lead(count_nonzero_items(self.x, self.block), self._header(self.x))
+            else:  # one pass for the lead and, at an assumed scale, the words
+                scale = None if self.assumed is None else scale_for(self.assumed, self.world)
+                lead, words = self._counted_lead(scale)
         return self._dense_round(lead, words)
 
     def _after_dense_header(self, res: Results) -> Round | Outcome:

@@ -18,8 +18,8 @@ from .agreement import AGREE_WORDS, agreement_words
 from .granularity import count_windows
 from .hashing import MASK32
 from .index import bloom_masks
-from .items import gather_items
-from .quantize import HEADER_WORDS, check_sum_range, dequantize, int_bound, quantize, scale_for, scan_quantize
+from .items import count_nonzero_items, gather_items
+from .quantize import HEADER_WORDS, check_sum_range, dequantize, int_bound, quantize, scan_quantize
 
 Step = tuple[Op, str, torch.Tensor]  # a message: op, kind, words
 
@@ -86,11 +86,14 @@ class Steps:
             messages.append((Op.ADD, "sketch", words[end:]))
         return messages
 
-    def _scan_dense(self) -> tuple[Lead, torch.Tensor | None]:
-        """A float bucket's lead (its nonzero count and header) and, at an assumed scale, its words, from
-        one pass (``quantize.scan_quantize``); the words are zeros where the bucket is not finite, as
-        :meth:`_quantize` sends them."""
-        scale = None if self.assumed is None else scale_for(self.assumed, self.world)
+    def _counted_lead(self, scale: int | None = None) -> tuple[Lead, torch.Tensor | None]:
+        """The lead of a round that counts this worker's items without listing them (a sizing round, a
+        dense round) and, at an assumed ``scale``, the bucket's words. A float bucket of single-element
+        items gives all three from one pass (``quantize.scan_quantize``; words of zeros where it is not
+        finite, as :meth:`_quantize` sends them); otherwise a count and the header (no words: the dense
+        round quantizes)."""
+        if not (self.is_float and self.block == 1):
+            return Lead(count_nonzero_items(self.x, self.block), self._header(self.x)), None
         scan = scan_quantize(self.x, scale, kernels=not self.triton)
         lead = Lead(scan.nonzero, self._header_of(scan.field, scan.finite, True))
         words = scan.words

@@ -44,21 +44,20 @@ static PyObject *py_scan_quantize(PyObject *self, PyObject *args)
 {
     (void)self;
     unsigned long long x, out;
-    long long n, nonzero = 0;
+    long long n;
+    int64_t nonzero = 0;
     uint32_t largest = 0;
     int scale, done;
     if (!PyArg_ParseTuple(args, "KLiK", &x, &n, &scale, &out)) {
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    int64_t count = 0;
-    done = scan_quantize((const float *)(uintptr_t)x, n, scale, (int32_t *)(uintptr_t)out, &count, &largest);
-    nonzero = count;
+    done = scan_quantize((const float *)(uintptr_t)x, n, scale, (int32_t *)(uintptr_t)out, &nonzero, &largest);
     Py_END_ALLOW_THREADS
     if (!done) {
         Py_RETURN_NONE;
     }
-    return Py_BuildValue("(Lk)", nonzero, (unsigned long)largest);
+    return Py_BuildValue("(Lk)", (long long)nonzero, (unsigned long)largest);
 }
 
 PyMethodDef quantize_methods[] = {
