@@ -10,17 +10,33 @@
 
 #include "kernels.h"
 
+/* What every binding here takes: the input's and output's addresses, the length, the scale and, for
+ * quantize, the clamp: (in, n, scale, [clamp,] out). */
+struct pass {
+    unsigned long long in, out;
+    long long n;
+    int scale, clamp;
+};
+
+static int parse_pass(PyObject *args, struct pass *p, int with_clamp)
+{
+    p->clamp = 0;
+    if (with_clamp) {
+        return PyArg_ParseTuple(args, "KLipK", &p->in, &p->n, &p->scale, &p->clamp, &p->out);
+    }
+    return PyArg_ParseTuple(args, "KLiK", &p->in, &p->n, &p->scale, &p->out);
+}
+
 static PyObject *py_quantize(PyObject *self, PyObject *args)
 {
     (void)self;
-    unsigned long long x, out;
-    long long n;
-    int scale, clamp, done;
-    if (!PyArg_ParseTuple(args, "KLipK", &x, &n, &scale, &clamp, &out)) {
+    struct pass p;
+    int done;
+    if (!parse_pass(args, &p, 1)) {
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    done = quantize_pow2((const float *)(uintptr_t)x, n, scale, clamp, (int32_t *)(uintptr_t)out);
+    done = quantize_pow2((const float *)(uintptr_t)p.in, p.n, p.scale, p.clamp, (int32_t *)(uintptr_t)p.out);
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(done);
 }
@@ -28,31 +44,31 @@ static PyObject *py_quantize(PyObject *self, PyObject *args)
 static PyObject *py_dequantize(PyObject *self, PyObject *args)
 {
     (void)self;
-    unsigned long long q, out;
-    long long n;
-    int scale, done;
-    if (!PyArg_ParseTuple(args, "KLiK", &q, &n, &scale, &out)) {
+    struct pass p;
+    int done;
+    if (!parse_pass(args, &p, 0)) {
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    done = dequantize_pow2((const int32_t *)(uintptr_t)q, n, scale, (float *)(uintptr_t)out);
+    done = dequantize_pow2((const int32_t *)(uintptr_t)p.in, p.n, p.scale, (float *)(uintptr_t)p.out);
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(done);
 }
 
+/* (nonzero, largest), or None for a scale out of reach; out 0: the scan alone. */
 static PyObject *py_scan_quantize(PyObject *self, PyObject *args)
 {
     (void)self;
-    unsigned long long x, out;
-    long long n;
+    struct pass p;
     int64_t nonzero = 0;
     uint32_t largest = 0;
-    int scale, done;
-    if (!PyArg_ParseTuple(args, "KLiK", &x, &n, &scale, &out)) {
+    int done;
+    if (!parse_pass(args, &p, 0)) {
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    done = scan_quantize((const float *)(uintptr_t)x, n, scale, (int32_t *)(uintptr_t)out, &nonzero, &largest);
+    done = scan_quantize((const float *)(uintptr_t)p.in, p.n, p.scale, (int32_t *)(uintptr_t)p.out, &nonzero,
+                         &largest);
     Py_END_ALLOW_THREADS
     if (!done) {
         Py_RETURN_NONE;
