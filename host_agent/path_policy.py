@@ -13,7 +13,11 @@ path for every call.
   large collective, then decides nothing); at the next call the ranks add those (microseconds, one ADD of
   three words: a rank that could not time both paths keeps the bucket on the switch) and the bucket
   keeps the path with the smaller sum from then on. Dense buckets, which the switch moves as 272-byte
-  packets where Gloo moves full frames, are where the hosts can win.
+  packets where Gloo moves full frames, are where the hosts can win; a bucket whose last trial was dense
+  keeps the switch only when the switch's sum is at least :data:`DENSE_SWITCH_MARGIN` below the hosts'.
+  Near a tie the trials cannot tell the paths apart (a path's fastest of two calls moves by several
+  percent from run to run), the hosts' path is DDP's own ring, and the switch's aggregation slots, which
+  every tenant shares, are better left to a bucket the switch compresses.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ SWITCH, HOST = "switch", "host"
 PATH_CHOICES = ("switch", "fastest")
 #: Calls of each path a bucket is timed over before :class:`FastestPath` settles it (its fastest counts).
 DEFAULT_TRIALS = 2
+#: The share of the hosts' time a dense bucket's switch trials must save for the switch to keep it.
+DENSE_SWITCH_MARGIN = 0.10
 
 #: Sums int32 words over every rank through the hosts, within the meeting deadline; the string says what
 #: the sum is for, in the error of a rank that does not come.
@@ -54,8 +60,9 @@ class PathPolicy(Protocol):
         agrees a measurement with the other ranks; a policy calls it at the same calls on every rank."""
         ...
 
-    def observe(self, facts: CallFacts, path: str, seconds: float) -> None:
-        """Call ``facts.number`` completed on ``path`` in ``seconds`` on this rank."""
+    def observe(self, facts: CallFacts, path: str, seconds: float, mode: str) -> None:
+        """Call ``facts.number`` completed on ``path`` in ``seconds`` on this rank, in codec ``mode``
+        (the same on every rank)."""
         ...
 
 
@@ -65,7 +72,7 @@ class SwitchWhileHealthy:
     def choose(self, facts: CallFacts, host_sum: HostSum) -> str:
         return SWITCH if facts.switch_usable else HOST
 
-    def observe(self, facts: CallFacts, path: str, seconds: float) -> None:
+    def observe(self, facts: CallFacts, path: str, seconds: float, mode: str) -> None:
         """Nothing to learn: the choice does not depend on time."""
 
 
@@ -83,6 +90,7 @@ class FastestPath:
         self._seen: dict[Hashable, int] = {}  # calls of each bucket chosen so far (trials included)
         self._trial_of: dict[int, str] = {}  # call number -> the path it was a trial of
         self._best_us: dict[Hashable, list[int]] = {}  # bucket key -> [switch, host]: fastest trial here
+        self._dense: dict[Hashable, bool] = {}  # bucket key -> whether its last trial was dense
 
     def choose(self, facts: CallFacts, host_sum: HostSum) -> str:
         if not facts.switch_usable:
@@ -98,9 +106,10 @@ class FastestPath:
             return path
         return self._settle(facts.key, host_sum)
 
-    def observe(self, facts: CallFacts, path: str, seconds: float) -> None:
+    def observe(self, facts: CallFacts, path: str, seconds: float, mode: str) -> None:
         if self._trial_of.pop(facts.number, None) != path:  # not a trial, or moved by a fallback
             return
+        self._dense[facts.key] = mode == "dense"
         best = self._best_us.setdefault(facts.key, [0, 0])  # 0: not timed yet
         index = 0 if path == SWITCH else 1
         took = max(1, min(self.cap_us, int(seconds * 1e6)))
@@ -112,10 +121,12 @@ class FastestPath:
         mine = torch.tensor([*best, untimed], dtype=torch.int32)
         summed = host_sum(mine, f"the path trials of bucket {key!r}")
         switch_us, host_us, ranks_untimed = (int(v) for v in summed)
-        path = HOST if ranks_untimed == 0 and host_us < switch_us else SWITCH
+        margin = DENSE_SWITCH_MARGIN if self._dense.pop(key, False) else 0.0
+        path = SWITCH if ranks_untimed or switch_us <= host_us * (1 - margin) else HOST
         self.settled[key] = path
         self.reasons[key] = (f"the fastest of {self.trials} calls each, summed over the ranks: switch "
-                             f"{switch_us / 1e3:.1f} ms, hosts {host_us / 1e3:.1f} ms")
+                             f"{switch_us / 1e3:.1f} ms, hosts {host_us / 1e3:.1f} ms"
+                             + (f" (dense: the switch keeps it {margin:.0%} faster or more)" if margin else ""))
         return path
 
 

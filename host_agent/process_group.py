@@ -17,6 +17,11 @@ its own, and so does a long ADD whose words are the codec's scratch (``Message.s
 place. A dense bucket's round is then a short SUM (its header and seal) and the bucket's own allreduce, in
 place, as DDP's.
 
+A short SUM (an agreement, a header and seal, a policy's or a vote's few words) goes as one all-to-all
+instead of a ring allreduce (:meth:`ProcessGroupBackend._sum_by_exchange`): what such a collective costs
+is its latency, and the ring's 2(W - 1) hops one after another are one hop when every rank sends its words
+to every other at once and adds what it gets (the same sum mod 2^32).
+
 Collectives run on a process group of their own, so the agent's calls never interleave with DDP's.
 """
 
@@ -30,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from host_agent.agent_backend import Backend
+from host_agent.codec.arith import wrap_int32
 from host_agent.codec.gpu import to_host
 from lhc_ina.constants import Op
 
@@ -39,6 +45,9 @@ PACKED_OR_MAX_WORDS = 1024
 #: A scratch ADD message longer than this (a dense bucket, a large sketch) has a collective of its own, in
 #: place: packing it would copy it, which on shared cores costs more than the collective it saves.
 PACKED_ADD_MAX_WORDS = 1 << 16
+#: A SUM whose words times the world size are at most this many goes as an all-to-all (64 KiB sent per
+#: rank at most): one hop instead of a ring's 2(W - 1), where latency, not bytes, is its cost.
+EXCHANGE_SUM_MAX_WORDS = 1 << 14
 
 
 def bit_lane_width(world_size: int) -> int:
@@ -165,10 +174,25 @@ class ProcessGroupBackend(Backend):
         return words.to(self.device, torch.int32).contiguous()
 
     def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp, finish) -> Future[torch.Tensor]:
+        if op == dist.ReduceOp.SUM and 1 < self.world_size and (
+                tensor.numel() * self.world_size <= EXCHANGE_SUM_MAX_WORDS):
+            return self._sum_by_exchange(tensor, finish)
         options = dist.AllreduceOptions()
         options.reduceOp = op
         work = self.group.allreduce([tensor], options)
         return self._complete(work, lambda: finish(tensor))
+
+    def _sum_by_exchange(self, tensor: torch.Tensor, finish) -> Future[torch.Tensor]:
+        """A short int32 SUM in place as one all-to-all: every rank's words to every rank, added here."""
+        sent = tensor.repeat(self.world_size)
+        got = torch.empty_like(sent)
+        work = self.group.alltoall_base(got, sent, [], [], dist.AllToAllOptions())
+
+        def summed() -> torch.Tensor:
+            tensor.copy_(wrap_int32(got.view(self.world_size, -1).to(torch.int64).sum(0)))
+            return finish(tensor)
+
+        return self._complete(work, summed)
 
     @staticmethod
     def _complete(work: dist.Work, value) -> Future[torch.Tensor]:

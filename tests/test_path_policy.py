@@ -55,7 +55,7 @@ def test_fastest_warms_up_on_the_switch_then_alternates_and_settles_on_the_small
     took = {SWITCH: iter([0.030, 0.025]), HOST: iter([0.040, 0.010])}  # each path's slow call is dropped
     for number in range(5):
         paths.append(policy.choose(_facts(number), host_sum))
-        policy.observe(_facts(number), paths[-1], 0.5 if number == 0 else next(took[paths[-1]]))
+        policy.observe(_facts(number), paths[-1], 0.5 if number == 0 else next(took[paths[-1]]), "sketch")
     assert paths == [SWITCH, SWITCH, HOST, SWITCH, HOST]
     assert sums == []  # no meeting before every trial is in
     assert policy.choose(_facts(5), host_sum) == HOST
@@ -71,7 +71,7 @@ def test_a_rank_that_could_not_time_both_paths_keeps_the_bucket_on_the_switch() 
     for number in range(3):
         path = policy.choose(_facts(number), _no_meeting)
         if path == SWITCH:
-            policy.observe(_facts(number), path, 0.050)
+            policy.observe(_facts(number), path, 0.050, "sketch")
     sent = []
 
     def host_sum(words: torch.Tensor, what: str) -> torch.Tensor:
@@ -96,8 +96,25 @@ def test_fastest_keeps_the_switch_when_it_is_faster_or_the_hosts_were_never_time
         for number in range(3):
             path = policy.choose(_facts(number), lambda words, what: words)
             if path == SWITCH or host_s is not None:
-                policy.observe(_facts(number), path, 0.020 if path == SWITCH else host_s)
+                policy.observe(_facts(number), path, 0.020 if path == SWITCH else host_s, "sketch")
         assert policy.choose(_facts(3), lambda words, what: words) == want
+
+
+@pytest.mark.parametrize(("mode", "switch_s", "want"), [
+    ("sketch", 0.0475, SWITCH),  # a compressed bucket: the faster path, however close
+    ("sketch", 0.0500, SWITCH),  # a tie stays on the switch
+    ("dense", 0.0475, HOST),  # a dense bucket 5% faster on the switch: within the margin
+    ("dense", 0.0440, SWITCH),  # 12% faster: the switch keeps it
+    ("dense", 0.0550, HOST),
+])
+def test_a_dense_bucket_keeps_the_switch_only_when_it_is_clearly_faster_there(
+        mode: str, switch_s: float, want: str) -> None:
+    policy = FastestPath(world_size=1, trials=1)
+    for number in range(3):
+        path = policy.choose(_facts(number), lambda words, what: words)
+        policy.observe(_facts(number), path, switch_s if path == SWITCH else 0.050, mode)
+    assert policy.choose(_facts(3), lambda words, what: words) == want
+    assert ("dense: the switch keeps it 10% faster or more" in policy.reasons["a"]) == (mode == "dense")
 
 
 def test_fastest_takes_the_hosts_while_the_switch_is_not_usable_and_caps_its_sum() -> None:
@@ -106,7 +123,7 @@ def test_fastest_takes_the_hosts_while_the_switch_is_not_usable_and_caps_its_sum
     assert policy.cap_us * 1024 < 2**31
     policy.choose(_facts(1), lambda w, s: w)
     policy.choose(_facts(2), lambda w, s: w)
-    policy.observe(_facts(2), SWITCH, 10_000.0)  # an hour-long trial saturates, never wraps
+    policy.observe(_facts(2), SWITCH, 10_000.0, "dense")  # an hour-long trial saturates, never wraps
     assert policy._best_us["a"][0] == policy.cap_us
 
 

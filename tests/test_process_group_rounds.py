@@ -13,7 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from host_agent.process_group import PACKED_ADD_MAX_WORDS, PACKED_OR_MAX_WORDS, ProcessGroupBackend
+from host_agent.process_group import (
+    EXCHANGE_SUM_MAX_WORDS,
+    PACKED_ADD_MAX_WORDS,
+    PACKED_OR_MAX_WORDS,
+    ProcessGroupBackend,
+)
 from lhc_ina.constants import Op
 
 WORLD = 3
@@ -55,10 +60,10 @@ def _expected(op: Op, parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 class _Counting:
-    """A Gloo group whose collectives are counted."""
+    """A Gloo group whose collectives are counted, ring allreduces and all-to-alls apart."""
 
     def __init__(self, group: dist.ProcessGroup) -> None:
-        self.group, self.collectives = group, 0
+        self.group, self.collectives, self.exchanges = group, 0, 0
 
     def rank(self) -> int:
         return self.group.rank()
@@ -69,6 +74,11 @@ class _Counting:
     def allreduce(self, tensors, options):
         self.collectives += 1
         return self.group.allreduce(tensors, options)
+
+    def alltoall_base(self, output, input, output_splits, input_splits, options):
+        self.collectives += 1
+        self.exchanges += 1
+        return self.group.alltoall_base(output, input, output_splits, input_splits, options)
 
 
 def _in_threads(work) -> list:
@@ -133,3 +143,28 @@ def test_a_round_packs_into_one_collective_and_every_message_reduces_exactly(gro
         alone = sum(1 for shape in shapes if _alone(*shape))
         want_collectives = alone + (1 if len(shapes) > alone else 0)
         assert {per_rank[rank][1][number] for rank in range(WORLD)} == {want_collectives}, shapes
+
+
+def test_a_short_sum_is_one_exchange_and_a_longer_one_a_ring_with_the_same_bits(groups) -> None:
+    """Lengths on both sides of the exchange's bound, words that wrap mod 2^32: every sum exact, and
+    only the short ones go as an all-to-all."""
+    bound = EXCHANGE_SUM_MAX_WORDS // WORLD
+    lengths = [1, 3, 50, bound - 1, bound, bound + 1, 4 * bound]
+
+    def member(rank: int) -> list[tuple[torch.Tensor, int]]:
+        group = groups[rank]
+        backend = ProcessGroupBackend(group, device=torch.device("cpu"))  # type: ignore[arg-type]
+        out = []
+        for i, n in enumerate(lengths):
+            before = group.exchanges
+            total = backend.reduce(Op.ADD, _words(_seed(7, 0, i), rank, n)).result(timeout=30)
+            out.append((total, group.exchanges - before))
+        return out
+
+    per_rank = _in_threads(member)
+    for i, n in enumerate(lengths):
+        want = _expected(Op.ADD, [_words(_seed(7, 0, i), rank, n) for rank in range(WORLD)])
+        for rank in range(WORLD):
+            total, exchanges = per_rank[rank][i]
+            assert torch.equal(total, want), (n, rank)
+            assert exchanges == (1 if n <= bound else 0), n
