@@ -124,9 +124,9 @@ class FastestPath:
         margin = DENSE_SWITCH_MARGIN if self._dense.pop(key, False) else 0.0
         path = SWITCH if ranks_untimed or switch_us <= host_us * (1 - margin) else HOST
         self.settled[key] = path
+        rule = f" (dense: the switch keeps it {margin:.0%} faster or more)" if margin else ""
         self.reasons[key] = (f"the fastest of {self.trials} calls each, summed over the ranks: switch "
-                             f"{switch_us / 1e3:.1f} ms, hosts {host_us / 1e3:.1f} ms"
-                             + (f" (dense: the switch keeps it {margin:.0%} faster or more)" if margin else ""))
+                             f"{switch_us / 1e3:.1f} ms, hosts {host_us / 1e3:.1f} ms{rule}")
         return path
 
 

@@ -174,8 +174,8 @@ class ProcessGroupBackend(Backend):
         return words.to(self.device, torch.int32).contiguous()
 
     def _all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp, finish) -> Future[torch.Tensor]:
-        if op == dist.ReduceOp.SUM and 1 < self.world_size and (
-                tensor.numel() * self.world_size <= EXCHANGE_SUM_MAX_WORDS):
+        short = tensor.numel() * self.world_size <= EXCHANGE_SUM_MAX_WORDS
+        if op == dist.ReduceOp.SUM and self.world_size > 1 and short:
             return self._sum_by_exchange(tensor, finish)
         options = dist.AllreduceOptions()
         options.reduceOp = op
