@@ -111,3 +111,41 @@ def test_a_checkpoint_is_refused_while_a_call_is_pending() -> None:
     finally:
         first.close()
         second.close()
+
+
+def _dense_input(call: int, key: str, rank: int, n: int = 20_000) -> torch.Tensor:
+    x = torch.randn(n, generator=torch.Generator().manual_seed(call * 100 + ord(key) * 10 + rank))
+    return x * (1e4 if call == 2 else 1.0)  # a scale jump up and back: calls 2 and 3 are redone
+
+
+def test_each_dense_bucket_writes_its_words_into_one_buffer_kept_between_calls() -> None:
+    """Two dense buckets of one length, each call's next one encoded ahead while it waits: each bucket
+    keeps one words buffer of its own for every call (no bucket-sized allocation per call), and every
+    total equals a fresh in-process aggregation's, also where a scale jump redoes the round into the
+    same buffer."""
+    calls, keys = 4, "ab"
+
+    def work(agent: Agent) -> list:
+        out = []
+        for call in range(calls):
+            futures = [agent.allreduce_async(_dense_input(call, key, agent.rank), key=key, mode="dense")
+                       for key in keys]
+            results = [future.result(timeout=60) for future in futures]
+            out.append([(r.total, r.stats["codec"]["scale_redo"], agent._words[key].data_ptr())
+                        for r, key in zip(results, keys, strict=True)])
+        return out
+
+    per_rank = run_local(2, work)
+    states = dict.fromkeys(keys)
+    for call in range(calls):
+        for i, key in enumerate(keys):
+            want = aggregate_local([_dense_input(call, key, rank) for rank in range(2)], mode="dense",
+                                   state=states[key])
+            states[key] = want.state
+            for rank in range(2):
+                total, redone, _ = per_rank[rank][call][i]
+                assert torch.equal(total, want.total), (call, key, rank)
+                assert redone == (call in (2, 3))  # up by 1e4, then down again
+    for rank in range(2):
+        buffers = {key: {per_rank[rank][call][i][2] for call in range(calls)} for i, key in enumerate(keys)}
+        assert all(len(held) == 1 for held in buffers.values()) and buffers["a"] != buffers["b"]

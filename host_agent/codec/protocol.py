@@ -89,11 +89,13 @@ class Rounds(HeaderSteps, Steps):
         output_range: OutputRange,
         clock: PhaseClock,
         triton: bool = False,
+        dense_words: torch.Tensor | None = None,
     ) -> None:
         self.x, self.rank, self.world, self.opts, self.state = x, rank, world_size, options, state
         self.shape, self.output_range = shape, output_range
         self.digest, self.support, self.out, self.clock = digest, support, out, clock
         self.triton = triton  # the GPU path: its kernels fuse the scan's statistics, quantizing, the output
+        self.dense_words = dense_words  # where a dense round may write its words (the caller's, reused)
         self.block = options.block
         self.is_float = x.dtype in FLOAT_DTYPES
         self.n_items = item_count(x.numel(), self.block)
@@ -342,7 +344,7 @@ class Rounds(HeaderSteps, Steps):
             q = words
         else:
             with self.clock("encode"):
-                q = self._quantize(self.x, clamp=self.assumed is not None)
+                q = self._quantize(self.x, clamp=self.assumed is not None, out=self.dense_words)
         messages = [*([] if lead is None else self._lead_messages(lead)), (Op.ADD, "dense", q)]
         return Round(messages, self._after_dense)
 

@@ -219,13 +219,15 @@ def _mul_pow2(x: torch.Tensor, e: int) -> torch.Tensor:
     return x
 
 
-def quantize(values: torch.Tensor, scale: int, clamp: bool = False, kernels: bool = True) -> torch.Tensor:
+def quantize(values: torch.Tensor, scale: int, clamp: bool = False, kernels: bool = True,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """round(values * 2^scale) as int32. ``clamp`` guards a scale that was assumed, not agreed: values
     that do not fit then saturate (the header tells every worker to redo the round at the right scale).
     ``kernels``: the CPU kernels may run (the GPU path, which Triton's interpreter runs on CPU tensors,
-    keeps to torch operations, the ones it counts as the device's)."""
+    keeps to torch operations, the ones it counts as the device's). ``out``: where the kernels may write
+    the words (:func:`words_buffer`)."""
     if kernels and _native_fits(values, torch.float32):
-        out = torch.empty(values.shape, dtype=torch.int32)
+        out = words_buffer(out, values)
         if native.quantize(values.data_ptr(), values.numel(), scale, clamp, out.data_ptr()):
             return out
     y = _mul_pow2(values.float(), scale)
@@ -244,12 +246,14 @@ class Scan:
     words: torch.Tensor | None  # quantized at the assumed scale, clamped, where one was given
 
 
-def scan_quantize(values: torch.Tensor, scale: int | None, kernels: bool = True) -> Scan:
+def scan_quantize(values: torch.Tensor, scale: int | None, kernels: bool = True,
+                  out: torch.Tensor | None = None) -> Scan:
     """The nonzero count and :func:`exponent_field` of ``values`` and, at an assumed ``scale``, their
     words (``quantize(values, scale, clamp=True)``): one pass over the bucket in C where the kernels are
-    built, three in torch (the twin). A dense round needs all three before it sends."""
+    built, three in torch (the twin). A dense round needs all three before it sends. ``out``: as for
+    :func:`quantize`."""
     if kernels and _native_fits(values, torch.float32):
-        words = None if scale is None else torch.empty(values.shape, dtype=torch.int32)
+        words = None if scale is None else words_buffer(out, values)
         found = native.scan_quantize(values.data_ptr(), values.numel(), scale or 0,
                                      0 if words is None else words.data_ptr())
         if found is not None:
@@ -274,6 +278,15 @@ def dequantize(q: torch.Tensor, scale: int, dtype: torch.dtype, out: torch.Tenso
             return target
     values = _mul_pow2(q.to(torch.float32), -scale).to(dtype)
     return values if out is None else out.copy_(values.reshape(out.shape))
+
+
+def words_buffer(out: torch.Tensor | None, values: torch.Tensor) -> torch.Tensor:
+    """``out`` where it can hold the words of ``values`` (int32, contiguous, on the CPU, of their length),
+    else a new tensor. A caller that keeps one per bucket (the agent) spares every call a bucket-sized
+    allocation, whose pages the kernel would fault in and zero again."""
+    if out is not None and _native_fits(out, torch.int32) and out.numel() == values.numel():
+        return out.view(values.shape)
+    return torch.empty(values.shape, dtype=torch.int32)
 
 
 def _native_fits(tensor: torch.Tensor, dtype: torch.dtype) -> bool:

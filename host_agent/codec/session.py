@@ -109,6 +109,8 @@ class WorkerSession:
     lo..hi-1 (a reduce_scatter's shard): the total is then that slice of the whole one, bit for bit, and
     the messages are those of a whole decode, so workers need not agree on their ranges (:mod:`.output`).
     ``out``: a preallocated output of the range's length (may be ``x`` itself for the whole bucket).
+    ``dense_words``: an int32 tensor of ``x``'s length that a dense round of a float32 CPU bucket writes its
+    words into instead of a new one (the agent keeps one per bucket between calls); it is overwritten.
     ``state``: the previous aggregation's ``result().state`` for this bucket; one made for another bucket
     shape is ignored (``stats["state_reset"]`` says why). The other options are :class:`Options`.
     """
@@ -136,6 +138,7 @@ class WorkerSession:
         layout: str = "auto",
         kernels: str = "auto",
         count_launches: bool = False,
+        dense_words: torch.Tensor | None = None,
     ) -> None:
         check_input(x)
         if not is_int(world_size) or not 1 <= world_size <= MAX_JOB_WORKERS:
@@ -153,6 +156,9 @@ class WorkerSession:
         if out is not None and (out.shape != (output.size,) or out.dtype != x.dtype
                                 or out.device != x.device):
             raise ValueError("out must have the output range's length (the whole input's), dtype and device")
+        if dense_words is not None and (dense_words.shape != (x.numel(),) or dense_words.dtype != torch.int32
+                                        or dense_words.device != x.device):
+            raise ValueError("dense_words must be an int32 tensor of the input's length, on its device")
         if support is not None:
             check_support_indices(support, x.numel())
             if not check_support:
@@ -172,7 +178,7 @@ class WorkerSession:
         self._clock = PhaseClock(timing, x.device)
         self._launches = gpu.LaunchCounter(x.device) if count_launches else None
         self._rounds = Rounds(x, rank, world_size, options, state, digest, shape, support, out, output,
-                              self._clock, triton=self._path == "triton")
+                              self._clock, triton=self._path == "triton", dense_words=dense_words)
         if reset:
             self._rounds.stats["state_reset"] = reset
         self._next: Round | None = None  # the round whose results are being collected

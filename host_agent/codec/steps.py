@@ -94,20 +94,21 @@ class Steps:
         round quantizes)."""
         if not (self.is_float and self.block == 1):
             return Lead(count_nonzero_items(self.x, self.block), self._header(self.x)), None
-        scan = scan_quantize(self.x, scale, kernels=not self.triton)
+        scan = scan_quantize(self.x, scale, kernels=not self.triton, out=self.dense_words)
         lead = Lead(scan.nonzero, self._header_of(scan.field, scan.finite, True))
         words = scan.words
         if words is not None and not scan.finite:
             words = torch.zeros_like(words)
         return lead, words
 
-    def _quantize(self, rows: torch.Tensor, clamp: bool = False) -> torch.Tensor:
+    def _quantize(self, rows: torch.Tensor, clamp: bool = False, out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
         if not self.is_float:
             return rows
         if not self.finite:  # only beside the header, which tells every worker to discard these words
             return torch.zeros(rows.shape, dtype=torch.int32, device=rows.device)
         assert self.scale is not None
-        return quantize(rows, self.scale, clamp, kernels=not self.triton)
+        return quantize(rows, self.scale, clamp, kernels=not self.triton, out=out)
 
     def _dequantize(self, summed: torch.Tensor, part: torch.Tensor, out: torch.Tensor | None = None
                     ) -> torch.Tensor:
