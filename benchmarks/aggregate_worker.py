@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="", help="join as this topology host")
     parser.add_argument("--engine", choices=("native", "python"), help="the agents' packet engine")
     parser.add_argument("--gloo-init", help="also allreduce with Gloo, rendezvous at this init_method URL")
+    parser.add_argument("--gloo-rank", type=int,
+                        help="this process's rank in the Gloo group, 0 at the --gloo-init address (default: "
+                             "the agent's, which the switch job gives in the order the workers join)")
     parser.add_argument("--agents", type=int, default=1, help="workers this process runs (default 1)")
     args = parser.parse_args(argv)
     if args.agents < 1 or (args.gloo_init and args.agents != 1):
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
     if args.gloo_init:  # after the agent has left: its I/O thread no longer shares the cores
         _, rank, mine = outcomes[0]
+        rank = rank if args.gloo_rank is None else args.gloo_rank
         for row in process_group_rows(mine, everyone, rank, args.gloo_init, args.repeats, expected):
             print(json.dumps(row), flush=True)
     return 0

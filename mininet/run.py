@@ -313,7 +313,8 @@ def run_bench(args: argparse.Namespace, cluster: topo.Cluster, controller: str, 
                 "--length", str(args.length), "--density", str(args.density), "--workers", str(args.workers),
                 "--modes", "dense,sketch,auto", "--ip", topo.host_ip(index), "--host", host.name]
         if args.process_group:  # then Gloo's allreduce and the codec over the hosts, through the same switch
-            argv += ["--gloo-init", f"tcp://{topo.host_ip(1)}:29500"]
+            # rank 0 where the rendezvous listens: the switch job's ranks follow the order of joining
+            argv += ["--gloo-init", f"tcp://{topo.host_ip(1)}:29500", "--gloo-rank", str(index - 1)]
         env = _env(LHC_TOKEN_FILE=str(credential), GLOO_SOCKET_IFNAME=f"{host.name}-eth0")
         procs.append(started.add(host.popen(argv, cwd=str(REPO), env=env, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, text=True)))
