@@ -61,6 +61,9 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
             "max_loss_diff_vs_ddp": (max(abs(a - b) for a, b in zip(losses[name], losses["ddp"], strict=True))
                                      if "ddp" in losses else None),
         }
+        if all("cpu_s" in rank for rank in ranks):  # CPU seconds per step, all threads, the ranks' mean
+            steps = zip(*(rank["cpu_s"] for rank in ranks), strict=True)
+            row["cpu_s_per_worker_step"] = steady_mean([sum(s) / len(s) for s in steps], way.warmup_steps)
         resident = [mb for rank in ranks for mb in rank.get("resident_mb", ()) if mb is not None]
         row["peak_resident_mb_per_worker"] = max(resident) if resident else None
         if ranks[0]["modes"]:

@@ -19,6 +19,7 @@ import gc
 import io
 import json
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -130,20 +131,27 @@ def resident_mb() -> float | None:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def cpu_s() -> float:
+    """CPU seconds this process has used, all its threads, user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def train(args: argparse.Namespace, model: str, way: str) -> dict:
     """Train ``model`` ``args.steps`` steps ``way``: every rank's per-step losses, this rank's times, bytes
     and densities."""
     trainer = Trainer(args, model, way)
     parameters = trainer.workload.parameters()
-    losses, step_s, costs, resident = [], [], [], []
+    losses, step_s, step_cpu_s, costs, resident = [], [], [], [], []
     for step in range(args.steps):
         batch = trainer.workload.batch(args.rank, step)
         if step == args.resume_at:
             trainer.resume(batch)
         trainer.hook.measure(step == min(DENSITY_STEP, args.steps - 1))
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), cpu_s()
         losses.append(trainer.step(batch))
         step_s.append(time.perf_counter() - started)
+        step_cpu_s.append(cpu_s() - cpu_started)
         costs.append(trainer.hook.pop_step(parameters))
         resident.append(resident_mb())
         if args.progress:
@@ -154,7 +162,7 @@ def train(args: argparse.Namespace, model: str, way: str) -> dict:
     return {
         "way": way, "rank": args.rank, "world": args.world, "model": model, "size": args.size,
         "config": trainer.workload.config, "parameters": parameters, "losses": every_rank,
-        "step_s": step_s, "bytes_per_step": [cost["bytes"] for cost in costs],
+        "step_s": step_s, "cpu_s": step_cpu_s, "bytes_per_step": [cost["bytes"] for cost in costs],
         "bytes_basis": costs[-1]["bytes_basis"] if costs else "",
         "modes": sorted({mode for cost in costs for mode in cost.get("modes", ())}),
         "aggregate_s": [cost.get("network_s", 0.0) for cost in costs],

@@ -86,15 +86,19 @@ def test_the_summary_says_when_lhc_differs_from_dense() -> None:
 
 def test_the_summary_times_the_fastest_path_once_its_trials_are_over() -> None:
     """lhc_fastest's first five steps are each bucket's warm-up call and its four trials (two on the
-    hosts): its mean starts at step 5, the other ways' at step 2; peak memory is the ranks' largest."""
+    hosts): its mean starts at step 5, the other ways' at step 2; peak memory is the ranks' largest, CPU
+    time per step their mean over the same steps."""
     losses = [[0.5] * 7]
     runs = {way: [{**_rank(way, losses), "step_s": [9.0] * 5 + [1.0, 1.0], "bytes_per_step": [10] * 7,
-                   "resident_mb": [100.0, 300.0, None, 200.0, 200.0, 200.0, 200.0]}]
+                   "resident_mb": [100.0, 300.0, None, 200.0, 200.0, 200.0, 200.0],
+                   "cpu_s": [5.0] * 5 + [cpu, cpu]} for cpu in (0.5, 1.5)]
             for way in ("ddp", "lhc_fastest")}
     rows = {row["way"]: row for row in summarize(runs)["ways"]}
     assert rows["ddp"]["step_s"] == (9.0 * 3 + 1.0 + 1.0) / 5 and rows["ddp"]["timed_from_step"] == 2
     assert rows["lhc_fastest"]["step_s"] == 1.0 and rows["lhc_fastest"]["timed_from_step"] == 5
     assert rows["lhc_fastest"]["peak_resident_mb_per_worker"] == 300.0
+    assert rows["lhc_fastest"]["cpu_s_per_worker_step"] == 1.0
+    assert rows["ddp"]["cpu_s_per_worker_step"] == (5.0 * 3 + 1.0 + 1.0) / 5
 
 
 def _args(**options: object) -> argparse.Namespace:
