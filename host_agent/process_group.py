@@ -28,7 +28,6 @@ Collectives run on a process group of their own, so the agent's calls never inte
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
@@ -49,9 +48,6 @@ PACKED_ADD_MAX_WORDS = 1 << 16
 #: A SUM whose words times the world size are at most this many goes as an all-to-all (64 KiB sent per
 #: rank at most): one hop instead of a ring's 2(W - 1), where latency, not bytes, is its cost.
 EXCHANGE_SUM_MAX_WORDS = 1 << 14
-#: A long scratch ADD goes as this many collectives at once: Gloo's process group runs two (its default
-#: threads), as it does two of DDP's buckets.
-CONCURRENT_PARTS = 2
 
 
 def bit_lane_width(world_size: int) -> int:
@@ -144,7 +140,7 @@ class ProcessGroupBackend(Backend):
                 futures[i] = future
         for i, (op, words) in enumerate(messages):
             if alone[i]:
-                futures[i] = self._sum_in_parts(words)
+                futures[i] = self._all_reduce(words, dist.ReduceOp.SUM, lambda t: t)
             elif futures[i] is None:
                 futures[i] = self.reduce(op, words)
         return futures  # type: ignore[return-value]
@@ -186,13 +182,6 @@ class ProcessGroupBackend(Backend):
         work = self.group.allreduce([tensor], options)
         return self._complete(work, lambda: finish(tensor))
 
-    def _sum_in_parts(self, words: torch.Tensor) -> Future[torch.Tensor]:
-        """A long int32 SUM in place as :data:`CONCURRENT_PARTS` collectives over consecutive parts, which
-        the group runs at once: one part's ring moves while another's waits for a peer."""
-        parts = [self._all_reduce(part, dist.ReduceOp.SUM, lambda t: t)
-                 for part in words.tensor_split(CONCURRENT_PARTS)]
-        return _all_of(parts, words)
-
     def _sum_by_exchange(self, tensor: torch.Tensor, finish) -> Future[torch.Tensor]:
         """A short int32 SUM in place as one all-to-all: every rank's words to every rank, added here."""
         sent = tensor.repeat(self.world_size)
@@ -231,28 +220,6 @@ def _then(future: Future[torch.Tensor], part) -> Future[torch.Tensor]:
             result.set_exception(exc)
 
     future.add_done_callback(done)
-    return result
-
-
-def _all_of(futures: list[Future[torch.Tensor]], value: torch.Tensor) -> Future[torch.Tensor]:
-    """A future of ``value`` once every one of ``futures`` completed (the first exception if one failed)."""
-    result: Future[torch.Tensor] = Future()
-    left = [len(futures)]
-    lock = threading.Lock()
-
-    def done(_: Future[torch.Tensor]) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
-        failed = next((f.exception() for f in futures if f.exception() is not None), None)
-        if failed is not None:
-            result.set_exception(failed)
-        else:
-            result.set_result(value)
-
-    for future in futures:
-        future.add_done_callback(done)
     return result
 
 

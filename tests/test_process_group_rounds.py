@@ -1,8 +1,8 @@
 """A round's messages over the process group in one collective (``ProcessGroupBackend.reduce_round``):
 each message's words equal what it reduced to alone (ADD mod 2^32, OR exact), whatever mix of ops and
-lengths the round holds, and a round of ADDs and short ORs costs one collective; a long OR one besides,
-and a long scratch ADD (reduced in place, the only words a round may overwrite) one per concurrent
-part. Real Gloo groups, one per thread of this process, over one in-memory store."""
+lengths the round holds, and a round of ADDs and short ORs costs one collective; a long OR and a long
+scratch ADD (reduced in place, the only words a round may overwrite) one each besides. Real Gloo groups,
+one per thread of this process, over one in-memory store."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from host_agent.process_group import (
-    CONCURRENT_PARTS,
     EXCHANGE_SUM_MAX_WORDS,
     PACKED_ADD_MAX_WORDS,
     PACKED_OR_MAX_WORDS,
@@ -142,8 +141,7 @@ def test_a_round_packs_into_one_collective_and_every_message_reduces_exactly(gro
             for rank in range(WORLD):
                 assert torch.equal(per_rank[rank][0][number][i], want), (number, i, op, n, rank)
         alone = sum(1 for shape in shapes if _alone(*shape))
-        parts = sum(CONCURRENT_PARTS if shape[0] == Op.ADD else 1 for shape in shapes if _alone(*shape))
-        want_collectives = parts + (1 if len(shapes) > alone else 0)
+        want_collectives = alone + (1 if len(shapes) > alone else 0)
         assert {per_rank[rank][1][number] for rank in range(WORLD)} == {want_collectives}, shapes
 
 
