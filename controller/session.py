@@ -179,8 +179,8 @@ class SwitchSession:
                 self.status.answering = True  # away is said by ``connected``
                 continue
             answering = client.answers(PROBE_TIMEOUT_S)
-            if answering == self.status.answering:
-                continue
+            if client is not self._client or answering == self.status.answering:
+                continue  # reconnected meanwhile: the old connection's silence says nothing
             self.status.answering = answering
             who = self.address if self.name == SINGLE else f"{self.name} ({self.address})"
             if not answering:
@@ -235,6 +235,10 @@ class SwitchSession:
                 delay = min(delay * 2, self.context.backoff[1])
                 continue
             delay = self.context.backoff[0]
+            # A new connection answered its handshake: a silence the probe saw on the old one is over
+            # without an "answering again" (that would renew every job's epoch a second time, after the
+            # renewal this connection's pipeline check makes where the switch restarted).
+            self.status.answering = True
             self._client = client
             self.status.connected = True
             try:
