@@ -248,7 +248,7 @@ class Agent:
         assert call.session is not None
         with running(call.order):
             result = self._drive(call, call.session)
-        self.backend.end_call(call.number, call.chosen)
+        self.backend.end_call(call.number, result.stats["codec"]["protocol"])
         if call.order is not None:
             call.order.hand_back(result.total)
         return result

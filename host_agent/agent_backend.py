@@ -65,9 +65,10 @@ class Backend(ABC):
         :meth:`recover`; ``step_end``: the caller's last call of a training step. Only a backend over
         several paths (``host_agent.paths``) takes note."""
 
-    def end_call(self, number: int, mode: str) -> None:  # noqa: B027 - see begin_call
-        """Call ``number`` completed on this worker, in codec ``mode`` (dense, sketch or union: the same
-        on every worker)."""
+    def end_call(self, number: int, protocol: str) -> None:  # noqa: B027 - see begin_call
+        """Call ``number`` completed on this worker; ``protocol``: how the codec sent the bucket (dense,
+        sketch or union; dense where a sparse mode found the bucket cheaper whole), the same on every
+        worker."""
 
     def recover(self, number: int, error: AggregationError) -> bool:
         """Call ``number`` failed with ``error`` (not a collective error): True when the backend has

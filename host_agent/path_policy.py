@@ -13,8 +13,9 @@ path for every call.
   large collective, then decides nothing); at the next call the ranks add those (microseconds, one ADD of
   three words: a rank that could not time both paths keeps the bucket on the switch) and the bucket
   keeps the path with the smaller sum from then on. Dense buckets, which the switch moves as 272-byte
-  packets where Gloo moves full frames, are where the hosts can win; a bucket whose last trial was dense
-  keeps the switch only when the switch's sum is at least :data:`DENSE_SWITCH_MARGIN` below the hosts'.
+  packets where Gloo moves full frames, are where the hosts can win; a bucket whose last trial went
+  dense (mode ``dense``, or a sparse mode that found the bucket cheaper whole) keeps the switch only
+  when the switch's sum is at least :data:`DENSE_SWITCH_MARGIN` below the hosts'.
   Near a tie the trials cannot tell the paths apart (a path's fastest of two calls moves by several
   percent from run to run), the hosts' path is DDP's own ring, and the switch's aggregation slots, which
   every tenant shares, are better left to a bucket the switch compresses.
@@ -60,9 +61,9 @@ class PathPolicy(Protocol):
         agrees a measurement with the other ranks; a policy calls it at the same calls on every rank."""
         ...
 
-    def observe(self, facts: CallFacts, path: str, seconds: float, mode: str) -> None:
-        """Call ``facts.number`` completed on ``path`` in ``seconds`` on this rank, in codec ``mode``
-        (the same on every rank)."""
+    def observe(self, facts: CallFacts, path: str, seconds: float, protocol: str) -> None:
+        """Call ``facts.number`` completed on ``path`` in ``seconds`` on this rank; ``protocol``: how the
+        codec sent it (``Backend.end_call``, the same on every rank)."""
         ...
 
 
@@ -72,7 +73,7 @@ class SwitchWhileHealthy:
     def choose(self, facts: CallFacts, host_sum: HostSum) -> str:
         return SWITCH if facts.switch_usable else HOST
 
-    def observe(self, facts: CallFacts, path: str, seconds: float, mode: str) -> None:
+    def observe(self, facts: CallFacts, path: str, seconds: float, protocol: str) -> None:
         """Nothing to learn: the choice does not depend on time."""
 
 
@@ -106,10 +107,10 @@ class FastestPath:
             return path
         return self._settle(facts.key, host_sum)
 
-    def observe(self, facts: CallFacts, path: str, seconds: float, mode: str) -> None:
+    def observe(self, facts: CallFacts, path: str, seconds: float, protocol: str) -> None:
         if self._trial_of.pop(facts.number, None) != path:  # not a trial, or moved by a fallback
             return
-        self._dense[facts.key] = mode == "dense"
+        self._dense[facts.key] = protocol == "dense"
         best = self._best_us.setdefault(facts.key, [0, 0])  # 0: not timed yet
         index = 0 if path == SWITCH else 1
         took = max(1, min(self.cap_us, int(seconds * 1e6)))

@@ -217,13 +217,13 @@ class PathBackend(Backend):
         with self._lock:
             self._log[number] = []
 
-    def end_call(self, number: int, mode: str) -> None:
-        """Call ``number`` completed on this rank in ``mode``: keep its log (a peer may still need it),
-        drop older."""
+    def end_call(self, number: int, protocol: str) -> None:
+        """Call ``number`` completed on this rank, sent as ``protocol``: keep its log (a peer may still
+        need it), drop older."""
         self._finished = number
         self.calls[self._path] += 1
         if self._facts is not None and self._facts.number == number:
-            self.policy.observe(self._facts, self._path, time.perf_counter() - self._began, mode)
+            self.policy.observe(self._facts, self._path, time.perf_counter() - self._began, protocol)
         if self.switch is not None:  # the controller hears it with the next heartbeat
             self.switch.path_report = (f"path={self._path},switch_calls={self.calls[SWITCH]},"  # type: ignore
                                        f"host_calls={self.calls[HOST]},fallbacks={self.fallbacks},"

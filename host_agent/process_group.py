@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from host_agent.agent_backend import Backend
-from host_agent.codec.arith import wrap_int32
+from host_agent.codec.arith import add_int32
 from host_agent.codec.gpu import to_host
 from lhc_ina.constants import Op
 
@@ -189,7 +189,7 @@ class ProcessGroupBackend(Backend):
         work = self.group.alltoall_base(got, sent, [], [], dist.AllToAllOptions())
 
         def summed() -> torch.Tensor:
-            tensor.copy_(wrap_int32(got.view(self.world_size, -1).to(torch.int64).sum(0)))
+            tensor.copy_(add_int32(list(got.view(self.world_size, -1))))
             return finish(tensor)
 
         return self._complete(work, summed)

@@ -100,7 +100,7 @@ def test_fastest_keeps_the_switch_when_it_is_faster_or_the_hosts_were_never_time
         assert policy.choose(_facts(3), lambda words, what: words) == want
 
 
-@pytest.mark.parametrize(("mode", "switch_s", "want"), [
+@pytest.mark.parametrize(("protocol", "switch_s", "want"), [
     ("sketch", 0.0475, SWITCH),  # a compressed bucket: the faster path, however close
     ("sketch", 0.0500, SWITCH),  # a tie stays on the switch
     ("dense", 0.0475, HOST),  # a dense bucket 5% faster on the switch: within the margin
@@ -108,13 +108,13 @@ def test_fastest_keeps_the_switch_when_it_is_faster_or_the_hosts_were_never_time
     ("dense", 0.0550, HOST),
 ])
 def test_a_dense_bucket_keeps_the_switch_only_when_it_is_clearly_faster_there(
-        mode: str, switch_s: float, want: str) -> None:
+        protocol: str, switch_s: float, want: str) -> None:
     policy = FastestPath(world_size=1, trials=1)
     for number in range(3):
         path = policy.choose(_facts(number), lambda words, what: words)
-        policy.observe(_facts(number), path, switch_s if path == SWITCH else 0.050, mode)
+        policy.observe(_facts(number), path, switch_s if path == SWITCH else 0.050, protocol)
     assert policy.choose(_facts(3), lambda words, what: words) == want
-    assert ("dense: the switch keeps it 10% faster or more" in policy.reasons["a"]) == (mode == "dense")
+    assert ("dense: the switch keeps it 10% faster or more" in policy.reasons["a"]) == (protocol == "dense")
 
 
 def test_fastest_takes_the_hosts_while_the_switch_is_not_usable_and_caps_its_sum() -> None:
@@ -178,3 +178,34 @@ def test_fastest_moves_buckets_to_the_faster_hosts_with_the_switchs_bits() -> No
     per_bucket = [SWITCH] + [SWITCH, HOST] * DEFAULT_TRIALS  # the warm-up call, then the trials
     assert paths[0][: 2 * trials] == [path for path in per_bucket for _ in range(2)]
     assert paths[0][2 * trials:] == [HOST] * (CALLS - 2 * trials)
+
+
+class _Recording(SwitchWhileHealthy):
+    """The default policy, noting how the codec sent each call it is told of."""
+
+    def __init__(self) -> None:
+        self.protocols: list[str] = []
+
+    def observe(self, facts: CallFacts, path: str, seconds: float, protocol: str) -> None:
+        self.protocols.append(protocol)
+
+
+def test_the_policy_learns_how_each_call_was_sent_dense_also_from_a_sparse_mode() -> None:
+    """What a policy's margin for dense buckets reads: ``dense`` for a dense call, and for a sketch call
+    whose bucket, known to be full, was cheaper sent whole; ``sketch`` for a sparse one."""
+    switch, hosts = LocalGroup(2).members(), LocalGroup(2).members()
+    policies = [_Recording() for _ in range(2)]
+    agents = [Agent(PathBackend(hosts[rank], switch[rank], policy=policies[rank], meet_timeout_s=10),
+                    timeout_s=10) for rank in range(2)]
+
+    def member(agent: Agent) -> None:
+        full = float_input(agent.rank, 0, 4000, 4000)
+        agent.allreduce(full, key="full", mode="dense")
+        for _ in range(2):
+            agent.allreduce(full, key="full-sketch", mode="sketch")
+        agent.allreduce(float_input(agent.rank, 1, 4000, 40), key="sparse", mode="sketch")
+        agent.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(member, agents, timeout=60))
+    assert policies[0].protocols == policies[1].protocols == ["dense", "dense", "dense", "sketch"]
