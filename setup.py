@@ -32,9 +32,11 @@ setup(
             "host_agent.codec.cpu._kernels",
             [
                 "host_agent/codec/cpu/_kernels.c",
+                "host_agent/codec/cpu/_kernels_pack.c",
                 "host_agent/codec/cpu/_kernels_quantize.c",
                 "host_agent/codec/cpu/kernels_bloom.c",
                 "host_agent/codec/cpu/kernels_hash.c",
+                "host_agent/codec/cpu/kernels_pack.c",
                 "host_agent/codec/cpu/kernels_peel.c",
                 "host_agent/codec/cpu/kernels_quantize.c",
                 "host_agent/codec/cpu/kernels_scan.c",

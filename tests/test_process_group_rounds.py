@@ -13,6 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from host_agent import long_sum
+from host_agent.long_sum import KEPT, REFRESH_EVERY, TRIAL_SUMS, choose_packing
 from host_agent.process_group import (
     EXCHANGE_SUM_MAX_WORDS,
     PACKED_ADD_MAX_WORDS,
@@ -36,10 +38,18 @@ def _round(rng: random.Random) -> list[tuple[Op, int, bool]]:
     return shapes
 
 
-def _alone(op: Op, n: int, scratch: bool) -> bool:
-    """A message with a collective of its own: a long OR, or a long ADD reduced in place."""
-    long_add = op == Op.ADD and scratch and n > PACKED_ADD_MAX_WORDS
-    return long_add or (op == Op.OR and n > PACKED_OR_MAX_WORDS)
+#: A packed sum's collectives: the sizes and the shards of its reduce-scatter, the sizes and the shards of
+#: its all-gather.
+PACKED_SUM_COLLECTIVES = 4
+
+
+def _collectives_alone(op: Op, n: int, scratch: bool, packing: str = "measured") -> int:
+    """A message's collectives of its own: one for a long OR, one for a long ADD reduced in place (a
+    packed sum's where ``packing`` is always; ``measured`` votes only from MIN_MEASURED_WORDS, longer than
+    these tests' messages), none for the others (they share the round's one)."""
+    if op == Op.ADD and scratch and n > PACKED_ADD_MAX_WORDS:
+        return PACKED_SUM_COLLECTIVES if packing == "always" else 1
+    return 1 if op == Op.OR and n > PACKED_OR_MAX_WORDS else 0
 
 
 def _seed(seed: int, round_: int, message: int) -> int:
@@ -80,6 +90,10 @@ class _Counting:
         self.exchanges += 1
         return self.group.alltoall_base(output, input, output_splits, input_splits, options)
 
+    def allgather(self, outputs, inputs):
+        self.collectives += 1
+        return self.group.allgather(outputs, inputs)
+
 
 def _in_threads(work) -> list:
     """``work(rank)`` on one thread per rank; their results in rank order, or the first error raised."""
@@ -111,14 +125,15 @@ def groups():
     _in_threads(lambda rank: made[rank].group.barrier().wait())
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_a_round_packs_into_one_collective_and_every_message_reduces_exactly(groups, seed: int) -> None:
+@pytest.mark.parametrize(("seed", "packing"), [(0, "measured"), (1, "always"), (2, "measured"), (3, "never")])
+def test_a_round_packs_into_one_collective_and_every_message_reduces_exactly(groups, seed: int,
+                                                                             packing: str) -> None:
     rng = random.Random(seed)
     rounds = [_round(rng) for _ in range(6)]
 
     def member(rank: int) -> tuple[list[list[torch.Tensor]], list[int]]:
         group = groups[rank]
-        backend = ProcessGroupBackend(group, device=torch.device("cpu"))  # type: ignore[arg-type]
+        backend = ProcessGroupBackend(group, device=torch.device("cpu"), packing=packing)  # type: ignore[arg-type]
         results, counts = [], []
         for number, shapes in enumerate(rounds):
             before = group.collectives
@@ -140,8 +155,8 @@ def test_a_round_packs_into_one_collective_and_every_message_reduces_exactly(gro
             want = _expected(op, [_words(_seed(seed, number, i), rank, n) for rank in range(WORLD)])
             for rank in range(WORLD):
                 assert torch.equal(per_rank[rank][0][number][i], want), (number, i, op, n, rank)
-        alone = sum(1 for shape in shapes if _alone(*shape))
-        want_collectives = alone + (1 if len(shapes) > alone else 0)
+        own = [_collectives_alone(*shape, packing) for shape in shapes]
+        want_collectives = sum(own) + (len(shapes) > sum(n > 0 for n in own))
         assert {per_rank[rank][1][number] for rank in range(WORLD)} == {want_collectives}, shapes
 
 
@@ -168,3 +183,101 @@ def test_a_short_sum_is_one_exchange_and_a_longer_one_a_ring_with_the_same_bits(
             total, exchanges = per_rank[rank][i]
             assert torch.equal(total, want), (n, rank)
             assert exchanges == (1 if n <= bound else 0), n
+
+
+def _narrow_words(seed: int, rank: int, length: int, bits: int) -> torch.Tensor:
+    """Words of magnitudes below 2^bits, as a quantized gradient's: what packing saves bytes on."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    return torch.randint(-(2**bits), 2**bits, (length,), generator=g, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("packing", ["always", "never"])
+def test_a_long_sum_moves_packed_words_with_the_same_bits(groups, packing: str) -> None:
+    """Long scratch ADDs of lengths off every block and shard bound, full-width words that wrap and narrow
+    ones: each total equals the exact sum on every rank whether the words go packed or as one
+    allreduce, and packed narrow words send fewer bytes than the ring's 2(W - 1)/W of the words."""
+    lengths = [PACKED_ADD_MAX_WORDS + 1, PACKED_ADD_MAX_WORDS + 95, 3 * PACKED_ADD_MAX_WORDS + 17]
+    widths = [32, 20]
+
+    def member(rank: int) -> list[tuple[torch.Tensor, dict[str, int]]]:
+        backend = ProcessGroupBackend(groups[rank], device=torch.device("cpu"),  # type: ignore[arg-type]
+                                      packing=packing)
+        out = []
+        for i, n in enumerate(lengths):
+            for bits in widths:
+                before = backend.counters()
+                words = _narrow_words(i, rank, n, bits) if bits < 32 else _words(_seed(9, 0, i), rank, n)
+                (total,) = backend.reduce_round([(Op.ADD, words)], [True])
+                result = total.result(timeout=60)
+                counters = {name: value - before.get(name, 0) for name, value in backend.counters().items()}
+                out.append((result.clone(), counters))
+        backend.close()
+        return out
+
+    per_rank = _in_threads(member)
+    index = 0
+    for i, n in enumerate(lengths):
+        for bits in widths:
+            parts = [_narrow_words(i, rank, n, bits) if bits < 32 else _words(_seed(9, 0, i), rank, n)
+                     for rank in range(WORLD)]
+            want = _expected(Op.ADD, parts)
+            for rank in range(WORLD):
+                total, counters = per_rank[rank][index]
+                assert torch.equal(total, want), (n, bits, rank)
+                if packing == "never":
+                    assert counters == {}
+                    continue
+                assert counters["packed_words"] == n
+                ring_bytes = 2 * (WORLD - 1) / WORLD * 4 * n
+                ratio = counters["packed_bytes_sent"] / ring_bytes
+                assert ratio < (0.75 if bits == 20 else 1.05), (n, bits, ratio)
+            index += 1
+
+
+def test_the_measured_choice_tries_both_ways_then_keeps_the_faster_and_refreshes_the_other() -> None:
+    choices = [choose_packing(n, 0 if n == 0 else 900, 0 if n == 0 else 1000) for n in range(TRIAL_SUMS)]
+    assert choices == [True, False] * (TRIAL_SUMS // 2)
+    after = [choose_packing(TRIAL_SUMS + i, 900, 1000) for i in range(2 * REFRESH_EVERY)]
+    assert after.count(False) == 2 and after[REFRESH_EVERY - 1] is False  # one refresh each period
+    assert not any(choose_packing(TRIAL_SUMS + i, 1000, 900) for i in range(REFRESH_EVERY - 1))
+    assert choose_packing(TRIAL_SUMS + REFRESH_EVERY - 1, 1000, 900)
+    unmeasured = [choose_packing(TRIAL_SUMS + i, 0, 900) for i in range(2)]
+    assert unmeasured == [True, False]  # a way never timed: alternate
+
+
+def test_measured_sums_are_exact_and_every_rank_takes_the_way_the_votes_give(groups, monkeypatch) -> None:
+    """Ranks that measured differently still choose alike (the vote adds their costs): trials alternate,
+    then every sum goes the way whose summed cost is lower, and each total is the exact sum."""
+    monkeypatch.setattr(long_sum, "MIN_MEASURED_WORDS", 4096)
+    n, sums = PACKED_ADD_MAX_WORDS + 5000, TRIAL_SUMS + 3
+    # after the trials: rank 0 finds packing 8 ps/word faster, the others 1 ps/word slower: packed wins
+    skew = {0: (1.0e-12, 9.0e-12), 1: (5.0e-12, 4.0e-12), 2: (5.0e-12, 4.0e-12)}
+
+    def member(rank: int) -> list[tuple[torch.Tensor, dict[str, int]]]:
+        backend = ProcessGroupBackend(groups[rank], device=torch.device("cpu"),  # type: ignore[arg-type]
+                                      packing="measured")
+        out = []
+        for i in range(sums):
+            if i == TRIAL_SUMS:
+                for way, cost in zip((True, False), skew[rank], strict=True):
+                    backend._long_sums._timings[way].clear()  # type: ignore[union-attr]
+                    backend._long_sums._timings[way].extend([cost] * KEPT)  # type: ignore[union-attr]
+            before = backend.counters()
+            (total,) = backend.reduce_round([(Op.ADD, _words(_seed(11, i, 0), rank, n))], [True])
+            result = total.result(timeout=60).clone()
+            out.append((result, {k: v - before.get(k, 0) for k, v in backend.counters().items()}))
+        backend.close()
+        return out
+
+    per_rank = _in_threads(member)
+    for i in range(sums):
+        want = _expected(Op.ADD, [_words(_seed(11, i, 0), rank, n) for rank in range(WORLD)])
+        ways = set()
+        for rank in range(WORLD):
+            total, counters = per_rank[rank][i]
+            assert torch.equal(total, want), (i, rank)
+            ways.add(counters["packed_words"] == n)
+            assert counters["packed_words"] + counters["plain_words"] == n
+        assert len(ways) == 1, i  # every rank the same way
+        packed = ways.pop()
+        assert packed == (i % 2 == 0 if i < TRIAL_SUMS else True), i

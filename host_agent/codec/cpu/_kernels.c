@@ -13,6 +13,8 @@
  *   quantize, dequantize (kernels_quantize.c)   float32 to int32 at a power-of-two scale and back, one pass
  *   scan_quantize                    a dense round's one pass: nonzero count, largest |x|, (quantized words)
  *                                    (these three bound in _kernels_quantize.c, added to the module here)
+ *   pack, unpack (kernels_pack.c)    int32 words in blocks as wide as their widest zigzag value, and back
+ *                                    (bound in _kernels_pack.c, added to the module here)
  *
  * Interface (called from peeling.py, sketch.py, items.py, bits.py and index.py, which check the dtypes,
  * shapes and contiguity of the tensors whose addresses they pass):
@@ -42,6 +44,10 @@
  *   dequantize(q, n, scale, out) -> done        q const int32[n], out float32[n]
  *   scan_quantize(x, n, scale, out) -> (nonzero, largest) or None (scale out of reach)   x const float32[n];
  *     out int32[n] quantized at the clamped scale, or 0: the scan alone; largest: the top bits of |x|
+ *   pack(words, n, out, capacity) -> bytes written   words const int32[n], out uint8[capacity], capacity at
+ *     least packed_capacity(n) (word_packing.capacity)
+ *   unpack(packed, size, n, out, add) -> done   packed const uint8[size], out int32[n] written (or added
+ *     to, mod 2^32); False: packed does not hold n words (out untouched)
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -52,6 +58,7 @@
 #include "kernels.h"
 
 extern PyMethodDef quantize_methods[]; /* _kernels_quantize.c */
+extern PyMethodDef pack_methods[];     /* _kernels_pack.c */
 
 /* Geometry from Python: (arity, starts, seg, block, start_seed, (seed_0, .. seed_{arity-1})), checked. */
 static int parse_geometry(PyObject *tuple, struct geometry *g)
@@ -373,7 +380,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__kernels(void)
 {
     PyObject *created = PyModule_Create(&module);
-    if (created != NULL && PyModule_AddFunctions(created, quantize_methods) < 0) {
+    if (created != NULL &&
+        (PyModule_AddFunctions(created, quantize_methods) < 0 || PyModule_AddFunctions(created, pack_methods) < 0)) {
         Py_DECREF(created);
         return NULL;
     }

@@ -189,4 +189,14 @@ int dequantize_pow2(const int32_t *q, int64_t n, int scale, float *out);
 #define SCAN_CHUNK (1 << 20) /* elements a 32-bit count covers at a time */
 int scan_quantize(const float *x, int64_t n, int scale, int32_t *out, int64_t *nonzero, uint32_t *largest);
 
+/* word_packing.py's pack and unpack (kernels_pack.c): int32 words to blocks of PACK_BLOCK_WORDS zigzag
+ * values, each block as wide as its widest value, and back. The layout is word_packing.py's docstring. */
+#define PACK_BLOCK_WORDS 32
+#define PACK_MAX_WIDTH 32
+int64_t packed_capacity(int64_t n);
+int64_t pack_words(const int32_t *words, int64_t n, uint8_t *out);
+/* 1 when `packed` (size bytes) holds exactly n words (then written to out, or added to it mod 2^32 when
+ * add); 0 for a malformed buffer (a width over PACK_MAX_WIDTH, or a size that disagrees: out untouched). */
+int unpack_words(const uint8_t *packed, int64_t size, int64_t n, int32_t *out, int add);
+
 #endif
