@@ -102,7 +102,9 @@ class WayHook:
         return {"bytes": stats["bytes_sent"], "bytes_basis": "frames sent (agent)",
                 "modes": sorted(set(state.modes.values())), "paths": sorted(set(state.paths.values())),
                 "network_s": stats["network_s"], "encode_s": stats["encode_s"], "decode_s": stats["decode_s"],
-                "buckets_by_path": [int(stats["buckets_switch"]), int(stats["buckets_host"])]}
+                "buckets_by_path": [int(stats["buckets_switch"]), int(stats["buckets_host"])],
+                "long_sum_words": {"packed": int(stats["packed_words"]), "plain": int(stats["plain_words"]),
+                                   "packed_bytes_sent": int(stats["packed_bytes_sent"])}}
 
     def density(self) -> dict[int, tuple[int, int]]:
         return dict(self.measured.density) if self.measured is not None else {}

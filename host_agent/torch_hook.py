@@ -38,6 +38,9 @@ from host_agent.paths import DEFAULT_MEET_TIMEOUT_S, DEFAULT_REJOIN_EVERY_S
 #: Per-step stats summed over a step's buckets.
 _SUMMED = ("bytes_sent", "packets", "retransmissions", "fast_retransmissions", "timer_retransmissions",
            "tail_probes", "encode_s", "network_s", "decode_s", "elements")
+#: Per-step sums of the transport's counters: the process group's long sums, packed and plain
+#: (``host_agent.long_sum``).
+_TRANSPORT_SUMMED = ("packed_words", "packed_bytes_sent", "plain_words")
 #: Per-step bucket counts: all, with a NaN or inf, by path (host_agent.paths), redone after a fallback.
 _COUNTED = ("buckets", "nonfinite_buckets", "buckets_switch", "buckets_host", "buckets_memory",
             "buckets_redone")
@@ -115,6 +118,8 @@ class LhcHookState:
     def record(self, key: Hashable, stats: dict[str, Any]) -> None:
         for name in _SUMMED:
             self._step[name] += stats.get(name, 0)
+        for name in _TRANSPORT_SUMMED:
+            self._step[name] += stats["transport"].get(name, 0)
         self._step["buckets"] += 1
         self._step["nonfinite_buckets"] += bool(stats["nonfinite_ranks"])
         self._step[f"buckets_{stats['path']}"] += 1  # which path each bucket took
@@ -125,7 +130,7 @@ class LhcHookState:
     def pop_step_stats(self) -> dict[str, float]:
         """What the buckets aggregated since the last call cost, summed; resets the tally."""
         stats = dict(self._step)
-        for name in (*_SUMMED, *_COUNTED):
+        for name in (*_SUMMED, *_TRANSPORT_SUMMED, *_COUNTED):
             stats.setdefault(name, 0.0)
         backend = self.agent.backend  # a PathBackend counts its fallbacks and returns (run totals)
         stats["path_fallbacks"] = getattr(backend, "fallbacks", 0)
