@@ -37,6 +37,16 @@ def density(ranks: list[dict]) -> dict | None:
             "bucket_elements": {index: counts[1] for index, counts in buckets.items()}}
 
 
+def speedup(runs: dict[str, list[dict]], baseline: str, name: str) -> float | None:
+    """``baseline``'s step time over ``name``'s, both timed over the same steps: from the later of their
+    warm-ups (a way timed from step 5 against DDP timed from step 2 would meet steps that drift on a
+    shared machine at other times). None where ``baseline`` did not run."""
+    if baseline not in runs:
+        return None
+    common = max(BY_NAME[baseline].warmup_steps, BY_NAME[name].warmup_steps)
+    return step_time(runs[baseline], common) / step_time(runs[name], common)
+
+
 def summarize(runs: dict[str, list[dict]]) -> dict:
     """The JSON of one model's run: a row per way, the model's layout, and whether lhc equals dense."""
     first = next(iter(runs.values()))[0]
@@ -50,8 +60,9 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         row = {
             "way": name, "label": way.label, "lossy": way.lossy,
             "step_s": times[name],
-            "speedup_vs_ddp": times["ddp"] / times[name] if "ddp" in times else None,
-            "speedup_vs_powersgd": times["powersgd"] / times[name] if "powersgd" in times else None,
+            # each over the steps both ways timed (``speedup``)
+            "speedup_vs_ddp": speedup(runs, "ddp", name),
+            "speedup_vs_powersgd": speedup(runs, "powersgd", name),
             "bytes_per_worker_step": bytes_per_step(ranks, way.warmup_steps),
             "bytes_basis": ranks[0]["bytes_basis"], "timed_from_step": way.warmup_steps,
             "gradient_density": (measured[name] or model_density or {}).get("overall"),

@@ -168,6 +168,8 @@ def train(args: argparse.Namespace, model: str, way: str) -> dict:
         "aggregate_s": [cost.get("network_s", 0.0) for cost in costs],
         "codec_s": [[cost.get("encode_s", 0.0), cost.get("decode_s", 0.0)] for cost in costs],
         "buckets_by_path": [cost.get("buckets_by_path", [0, 0]) for cost in costs],  # [switch, host]
+        # the process group's long sums per step: words packed, words plain, packed bytes sent
+        "long_sum_words": [cost.get("long_sum_words") for cost in costs],  # None for a way without lhc
         "resident_mb": resident,
         "density": {str(index): list(counts) for index, counts in trainer.hook.density().items()},
         "settled_paths": trainer.hook.settled_paths(),

@@ -182,3 +182,23 @@ def test_cuda_buckets_through_softswitch_give_the_cpu_run(tmp_path: Path, stack)
                  tag="-cuda")
     assert all(run["codec_kernels"] == "triton" for run in cuda), [run["codec_kernels"] for run in cuda]
     assert_same_params(cuda, cpu)
+
+
+def test_the_hook_sums_each_steps_long_sums_packed_and_plain() -> None:
+    """The per-step stats add the transport's long-sum counters of every bucket (what ``lhc-bench train``
+    reports as ``long_sum_words``), and a new step starts from zero."""
+    from host_agent.agent import Agent
+    from host_agent.torch_hook import LhcHookState
+    from tests.harness.local_backend import LocalGroup
+
+    (backend,) = LocalGroup(1).members()
+    state = LhcHookState(Agent(backend, mode="dense"))
+    bucket = {"nonfinite_ranks": [], "path": "host", "redone": 0, "mode": "dense"}
+    state.record(0, {**bucket, "transport": {"packed_words": 7, "packed_bytes_sent": 20, "plain_words": 0}})
+    state.record(1, {**bucket, "transport": {"packed_words": 0, "packed_bytes_sent": 0, "plain_words": 5}})
+    state.record(2, {**bucket, "transport": {}})  # a backend without long sums
+    stats = state.pop_step_stats()
+    assert (stats["packed_words"], stats["packed_bytes_sent"], stats["plain_words"]) == (7, 20, 5)
+    assert stats["buckets_host"] == 3
+    assert state.pop_step_stats()["packed_words"] == 0
+    state.close()

@@ -101,6 +101,19 @@ def test_the_summary_times_the_fastest_path_once_its_trials_are_over() -> None:
     assert rows["ddp"]["cpu_s_per_worker_step"] == (5.0 * 3 + 1.0 + 1.0) / 5
 
 
+def test_speedups_compare_the_same_steps() -> None:
+    """DDP timed from step 2 and lhc_fastest from step 5: the speedup divides their times over steps 5+
+    only, so a drift between step 2 and step 5 (here DDP's steps slowing) favours neither."""
+    losses = [[0.5] * 8]
+    steps = {"ddp": [9.0, 9.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0], "lhc_fastest": [9.0] * 5 + [1.6, 1.6, 1.6]}
+    runs = {way: [{**_rank(way, losses), "step_s": times, "bytes_per_step": [10] * 8}]
+            for way, times in steps.items()}
+    rows = {row["way"]: row for row in summarize(runs)["ways"]}
+    assert rows["ddp"]["step_s"] == 1.5  # its own mean, from step 2
+    assert rows["lhc_fastest"]["speedup_vs_ddp"] == pytest.approx(2.0 / 1.6)  # not 1.5 / 1.6
+    assert rows["ddp"]["speedup_vs_ddp"] == 1.0
+
+
 def _args(**options: object) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     train.add_arguments(parser)
