@@ -20,7 +20,8 @@ every :data:`REFRESH_EVERY`-th goes the other way to measure it again.
 
 The collectives run one after another on a thread of this object's own, so the agent's thread goes on
 (encoding the next bucket) while they do; the agent issues no other collective before the sum's future
-completes (``settle`` makes sure), so every rank issues the same collectives in the same order.
+completes (``check_settled`` refuses one that would), so every rank issues the same collectives in the
+same order.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from host_agent.codec import word_packing
+from host_agent.errors import AggregationError
 
 #: How a long sum goes: ``measured`` (agreed per sum from timings), ``always`` packed, ``never`` (one
 #: allreduce, the way NCCL's group always takes).
@@ -97,10 +99,14 @@ class LongSum:
         self._pending = self._thread.submit(self._sum, words)
         return self._pending
 
-    def settle(self) -> None:
-        """Wait for the sum in flight, if any, before another collective is issued on the group."""
+    def check_settled(self) -> None:
+        """Before another collective is issued on the group: the last sum's collectives are all done. The
+        agent waits for a round's futures before it issues more, so a sum still in flight means a caller
+        that gave up on it (a deadline passed); another collective now could pair with one of the sum's on
+        a peer, so it is refused instead."""
         if self._pending is not None and not self._pending.done():
-            self._pending.exception()
+            raise AggregationError(f"rank {self.rank}: a long sum over the process group is still in flight; "
+                                   "no other collective may start before it ends", (self.rank,))
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)

@@ -174,9 +174,9 @@ class ProcessGroupBackend(Backend):
         return self._all_reduce(words, dist.ReduceOp.SUM, lambda t: t)
 
     def _settle(self) -> None:
-        """Let a packed sum in flight finish issuing its collectives before this thread issues more."""
+        """Refuse to issue a collective while a long sum's are still in flight (``LongSum.check_settled``)."""
         if self._long_sums is not None:
-            self._long_sums.settle()
+            self._long_sums.check_settled()
 
     def _reduce_packed(self, messages: list[tuple[Op, torch.Tensor]]) -> list[Future[torch.Tensor]]:
         """``messages`` laid end to end in one int32 SUM (ORs as bit lanes): one future each."""

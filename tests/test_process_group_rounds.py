@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from host_agent import long_sum
+from host_agent.errors import AggregationError
 from host_agent.long_sum import KEPT, REFRESH_EVERY, TRIAL_SUMS, choose_packing
 from host_agent.process_group import (
     EXCHANGE_SUM_MAX_WORDS,
@@ -281,3 +282,40 @@ def test_measured_sums_are_exact_and_every_rank_takes_the_way_the_votes_give(gro
         assert len(ways) == 1, i  # every rank the same way
         packed = ways.pop()
         assert packed == (i % 2 == 0 if i < TRIAL_SUMS else True), i
+
+
+class _Stalled:
+    """A two-rank group whose collectives never finish until ``release`` (a peer that has not come)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 2
+
+    def alltoall_base(self, *args):
+        return self
+
+    allreduce = allgather = alltoall_base
+
+    def wait(self) -> None:
+        self.release.wait(timeout=30)
+        raise RuntimeError("the peer never came")
+
+
+def test_no_collective_starts_while_a_long_sum_is_in_flight() -> None:
+    """A caller that gave up on a long sum (its deadline passed) and goes on is refused, instead of
+    issuing a collective that a peer could pair with one of the sum's."""
+    group = _Stalled()
+    backend = ProcessGroupBackend(group, device=torch.device("cpu"), packing="always")  # type: ignore[arg-type]
+    (stalled,) = backend.reduce_round([(Op.ADD, torch.zeros(PACKED_ADD_MAX_WORDS + 1, dtype=torch.int32))],
+                                      [True])
+    with pytest.raises(AggregationError, match="still in flight"):
+        backend.reduce(Op.ADD, torch.zeros(4, dtype=torch.int32))
+    group.release.set()
+    with pytest.raises(RuntimeError, match="never came"):
+        stalled.result(timeout=30)
+    backend.close()
