@@ -4,6 +4,7 @@ of speedup against link rate, one panel per model.
 
     python -m benchmarks.train_summary RUNS.json                  # {way: [rank results]} -> JSON
     python -m benchmarks.train_summary --plot FIG.png ROWS.jsonl  # summaries (one a line) -> the figure
+    python -m benchmarks.train_summary --bars FIG.png ROWS.jsonl  # step times at one link rate, as bars
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from benchmarks import figures
 from benchmarks.models import MODELS
 from benchmarks.train_ways import BY_NAME
+from host_agent.long_sum import packing_from_environment
 from lhc_demo.summary import WARMUP_STEPS, bytes_per_step, mean_losses, steady_mean, step_time
 
 #: The ways whose losses must equal dense-through-the-switch's bit for bit (exact sums of one quantization).
@@ -94,6 +96,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
         # None where no exact lhc way ran beside dense: nothing was compared
         "lhc_losses_equal_dense": (all(row["losses_equal_dense"] for row in compared) if compared else None),
         "ways": rows,
+        # how the process-group codec's long sums went (LHC_PACKING, read by every worker alike)
+        "lhc_packing": packing_from_environment(),
         "loadavg_1min_at_end": os.getloadavg()[0],
     }
 
@@ -130,15 +134,46 @@ def plot(summaries: list[dict], path: Path) -> None:
     figures.save(figure, path, legends=panels[0])
 
 
+def plot_steps(summaries: list[dict], path: Path) -> None:
+    """Step time of the slowest worker per way, a group of bars per run (model, size and, where it was
+    not ``measured``, the long sums' packing), each lhc bar labelled with its speedup over DDP: for runs
+    at one link rate, where a line against the rate would be a single point."""
+    plt = figures.pyplot()
+    figure, axes = plt.subplots(figsize=(2.2 + 1.6 * len(summaries), 3.8))
+    ways = [way for way in BY_NAME if any(row["way"] == way for s in summaries for row in s["ways"])]
+    width = 0.8 / len(ways)
+    for group, summary in enumerate(summaries):
+        for slot, way in enumerate(ways):
+            row = next((row for row in summary["ways"] if row["way"] == way), None)
+            if row is None:
+                continue
+            x = group + (slot - (len(ways) - 1) / 2) * width
+            axes.bar(x, row["step_s"], width, color=COLORS[way], label=way if group == 0 else None)
+            if way != "ddp" and row["speedup_vs_ddp"]:
+                axes.annotate(f"{row['speedup_vs_ddp']:.2f}x", (x, row["step_s"]), ha="center", va="bottom",
+                              fontsize=8)
+    names = [f"{s['model']} ({s['size']})" + ("" if s.get("lhc_packing", "measured") == "measured"
+                                              else f"\npacking {s['lhc_packing']}") for s in summaries]
+    axes.set_xticks(range(len(summaries)), names)
+    axes.set_yscale("log")
+    rate = {_rate_label(s.get("bw_mbit") or 0.0) for s in summaries}
+    axes.set(ylabel="step time of the slowest worker (s)", title=f"step time at {', '.join(sorted(rate))}")
+    figures.save(figure, path, legends=[axes])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.train_summary",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("input", type=Path, help="{way: [rank results]} JSON, or with --plot summaries JSONL")
     parser.add_argument("--plot", type=Path, help="draw INPUT's summaries (one a line) into this PNG")
+    parser.add_argument("--bars", type=Path, help="INPUT's summaries' step times as bars, into this PNG")
     args = parser.parse_args(argv)
-    if args.plot:
+    if args.plot or args.bars:
         summaries = [json.loads(line) for line in args.input.read_text().splitlines() if line.strip()]
-        plot(summaries, args.plot)
+        if args.plot:
+            plot(summaries, args.plot)
+        if args.bars:
+            plot_steps(summaries, args.bars)
         return 0
     print(json.dumps(summarize(json.loads(args.input.read_text()))))
     return 0

@@ -4,6 +4,7 @@ softswitch exactly as dense, and the PowerSGD and top-k hook states carried thro
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 from benchmarks import train
 from benchmarks.models import MODELS, build
+from benchmarks.train_summary import main as summary_main
 from benchmarks.train_summary import summarize
 from benchmarks.train_ways import BY_NAME, ways_for
 from lhc_launch.processes import ControllerProcess, SoftswitchProcess
@@ -99,6 +101,24 @@ def test_the_summary_times_the_fastest_path_once_its_trials_are_over() -> None:
     assert rows["lhc_fastest"]["peak_resident_mb_per_worker"] == 300.0
     assert rows["lhc_fastest"]["cpu_s_per_worker_step"] == 1.0
     assert rows["ddp"]["cpu_s_per_worker_step"] == (5.0 * 3 + 1.0 + 1.0) / 5
+
+
+def test_the_summaries_plot_as_lines_and_as_bars(tmp_path: Path, monkeypatch) -> None:
+    """Both figures from summaries of two runs of one model, one of them with packing off: the PNGs are
+    written, and each summary says how its long sums went."""
+    monkeypatch.setenv("LHC_PACKING", "never")
+    losses = [[0.5] * 3]
+    runs = {way: [{**_rank(way, losses), "step_s": [1.0, 1.0, times]}] for way, times in
+            (("ddp", 1.0), ("lhc_fastest", 0.5))}
+    off = summarize(runs)
+    assert off["lhc_packing"] == "never"
+    monkeypatch.delenv("LHC_PACKING")
+    rows = tmp_path / "rows.jsonl"
+    summaries = (summarize(runs), off)
+    rows.write_text("\n".join(json.dumps({**summary, "bw_mbit": 1000.0}) for summary in summaries))
+    lines, bars = tmp_path / "lines.png", tmp_path / "bars.png"
+    assert summary_main([str(rows), "--plot", str(lines), "--bars", str(bars)]) == 0
+    assert lines.read_bytes()[:4] == bars.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_speedups_compare_the_same_steps() -> None:
