@@ -1,7 +1,7 @@
 """A long int32 SUM over a Gloo process group, as one allreduce or with its words packed
 (``codec.word_packing``), whichever the ranks measured faster: the same sum mod 2^32 either way.
 
-A dense bucket's words use about 26 of their 32 bits, and where the link is slow the bytes are the cost:
+A dense bucket's words use 20 to 26 of their 32 bits, and where the link is slow the bytes are the cost:
 a ring allreduce moves every word 2(W - 1)/W times. The packed sum moves the same share in packed form:
 
 1. **reduce-scatter**: the words are cut into W shards (whole blocks); each rank packs every shard but its
@@ -10,9 +10,9 @@ a ring allreduce moves every word 2(W - 1)/W times. The packed sum moves the sam
 2. **all-gather**: each rank packs its summed shard; the sizes go round, then one all-gather of the
    packed shards (padded to the largest), which every rank unpacks into place.
 
-Packing costs CPU (about 4 ns per word per rank here, all passes) and saves bytes (~18% on VGG19's and
-BERT-base's gradients), so it wins on a slow link and loses where bytes are cheap (on loopback it was
-1.9x slower than one allreduce). Hence ``packing="measured"``: before each sum of at least
+Packing costs CPU (about 3.3 ns per word per rank here, all passes) and saves bytes (21-32% on VGG19's
+and BERT-base's gradients), so it wins on a slow link and loses where bytes are cheap (on loopback it
+was 2x slower than one allreduce). Hence ``packing="measured"``: before each sum of at least
 :data:`MIN_MEASURED_WORDS` the ranks agree which way it goes, in one all-to-all of what each measured
 (:func:`choose_packing`): the first :data:`TRIAL_SUMS` alternate the two ways, then the faster per word
 (each rank's fastest of its last :data:`KEPT` of each way, summed over the ranks) takes the sums, and

@@ -16,7 +16,7 @@ The ADD messages are laid end to end in one int32 SUM, and short OR messages (a 
 its own, and so does a long ADD whose words are the codec's scratch (``Message.scratch``), reduced in
 place. A dense bucket's round is then a short SUM (its header and seal) and the bucket's own sum, in
 place, as DDP's allreduce; on Gloo that sum may move its words packed (``host_agent.long_sum``: the same
-sum in 79-87% of the bytes on VGG19's and BERT-base's gradients, where the ranks measured that faster),
+sum in 68-79% of the bytes on VGG19's and BERT-base's gradients, where the ranks measured that faster),
 on NCCL it is one allreduce.
 
 A short SUM (an agreement, a header and seal, a policy's or a vote's few words) goes as one all-to-all

@@ -2,9 +2,9 @@
 in as many bits per word as the block's widest needs.
 
 Why: a dense bucket's words are its gradient quantized so that W workers' sum fits int32, so a typical
-word uses about 26 of its 32 bits (VGG19 and BERT-base: 79-84% of the bytes after packing). The process
-group's sum of a long message moves packed words (``host_agent.packed_sum``); the switch adds words as
-they are and never sees this layout.
+word uses 20 to 26 of its 32 bits (VGG19 and BERT-base in training: 68-79% of the bytes packed). The
+process group's long sums may move packed words (``host_agent.long_sum``); the switch adds words as they
+are and never sees this layout.
 
 Layout of ``n`` words (``pack``'s output, ``unpack``'s input), all little-endian bytes:
 
