@@ -21,15 +21,18 @@ every :data:`REFRESH_EVERY`-th goes the other way to measure it again.
 The collectives run one after another on a thread of this object's own, so the agent's thread goes on
 (encoding the next bucket) while they do; the agent issues no other collective before the sum's future
 completes (``check_settled`` refuses one that would), so every rank issues the same collectives in the
-same order.
+same order. The ranks' ``packing`` settings are compared at the first long sum: ranks that differ would
+issue different collectives, so every rank raises the same error instead.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from itertools import pairwise
 
 import torch
@@ -51,6 +54,8 @@ TRIAL_SUMS = 4
 REFRESH_EVERY = 32
 #: Timings each rank keeps per way; its fastest of them is what it reports.
 KEPT = 4
+#: How long ``close`` waits for an idle thread to end (it ends at once; a bound, not a pause).
+CLOSE_TIMEOUT_S = 10.0
 #: A rank's cost per word reaches the vote as an integer: picoseconds.
 _PICOSECONDS = 1e12
 
@@ -85,7 +90,13 @@ class LongSum:
         self.rank = group.rank()
         self.world_size = group.size()
         self.packing = packing
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="lhc-long-sum")
+        # A daemon thread: a sum stranded by a peer that died must not hold the process at exit until Gloo's
+        # timeout (an executor's threads are joined at exit). Such a process ends at once instead, though
+        # not always cleanly: with the thread inside Gloo's wait, its exit may abort (rc 134, measured).
+        self._work: queue.SimpleQueue[tuple[Future[torch.Tensor], torch.Tensor] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="lhc-long-sum", daemon=True)
+        self._thread.start()
+        self._agreed = False
         self._buffers: dict[str, torch.Tensor] = {}
         self._pending: Future[torch.Tensor] | None = None
         self._measured = 0
@@ -96,7 +107,8 @@ class LongSum:
     def start(self, words: torch.Tensor) -> Future[torch.Tensor]:
         """Sum ``words`` (1-D contiguous int32 on the CPU, this call's own) across the group, in place;
         the future holds ``words`` once every rank's are added in."""
-        self._pending = self._thread.submit(self._sum, words)
+        self._pending = Future()
+        self._work.put((self._pending, words))
         return self._pending
 
     def check_settled(self) -> None:
@@ -109,9 +121,23 @@ class LongSum:
                                    "no other collective may start before it ends", (self.rank,))
 
     def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        """Stop the thread; wait for it unless a sum is stranded in flight (then it is left to the exit)."""
+        self._work.put(None)
+        if self._pending is None or self._pending.done():
+            self._thread.join(timeout=CLOSE_TIMEOUT_S)
+
+    def _serve(self) -> None:
+        while (job := self._work.get()) is not None:
+            future, words = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(self._sum(words))
+                except Exception as exc:  # surfaced to the caller through the future
+                    future.set_exception(exc)
 
     def _sum(self, words: torch.Tensor) -> torch.Tensor:
+        if not self._agreed:
+            self._agree_packing()
         packed = self._choose(words.numel())
         started = time.perf_counter()
         if packed:
@@ -122,6 +148,16 @@ class LongSum:
             self._timings[packed].append((time.perf_counter() - started) / words.numel())
         self.counters["packed_words" if packed else "plain_words"] += words.numel()
         return words
+
+    def _agree_packing(self) -> None:
+        """At the first long sum, every rank's ``packing`` compared (one all-to-all of a word): ranks that
+        differ would go on to issue different collectives, so every rank raises the same error instead."""
+        modes = self._exchange([PACKING_CHOICES.index(self.packing)] * self.world_size)
+        if len(set(modes)) > 1:
+            named = ", ".join(f"rank {rank} {PACKING_CHOICES[mode]}" for rank, mode in enumerate(modes))
+            raise AggregationError(f"the ranks' {PACKING_VARIABLE} differ ({named}): set it alike on every "
+                                   "rank", tuple(range(self.world_size)))
+        self._agreed = True
 
     def _choose(self, n: int) -> bool:
         """Whether this sum goes packed: agreed with every rank where it is measured."""
@@ -161,6 +197,7 @@ class LongSum:
         own_size = word_packing.pack(mine, own).numel()
         summed_sizes = self._exchange([own_size] * self.world_size)
         widest = max(summed_sizes)
+        own[own_size:widest] = 0  # the padding on the wire: zeros, not what the buffer held
         gathered = self._buffer("gathered", widest * self.world_size).view(self.world_size, widest)
         self._wait(self.group.allgather([list(gathered)], [own[:widest]]))
         for rank, shard in enumerate(shards):

@@ -113,8 +113,8 @@ class ProcessGroupBackend(Backend):
         self.device = device
         self.scheme = or_scheme(self.world_size, has_bor=device.type == "cpu")  # Gloo; NCCL has no BOR
         packing = packing or packing_from_environment()
-        packs = packing != "never" and device.type == "cpu" and self.world_size > 1
-        self._long_sums = LongSum(group, packing) if packs else None
+        on_gloo = device.type == "cpu" and self.world_size > 1
+        self._long_sums = LongSum(group, packing) if on_gloo else None
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
         self._settle()

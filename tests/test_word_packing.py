@@ -114,3 +114,22 @@ def test_kernels_refuse_a_buffer_too_small() -> None:
     out = torch.empty(wp.capacity(100) - 1, dtype=torch.uint8)
     with pytest.raises(ValueError, match="need"):
         native.pack(words.data_ptr(), 100, out.data_ptr(), out.numel())
+
+
+def test_buffers_off_the_cpu_are_refused() -> None:
+    """The kernels read and write through addresses: a tensor on another device never reaches them."""
+    words = torch.zeros(100, dtype=torch.int32)
+    with pytest.raises(ValueError, match="CPU"):
+        wp.unpack(torch.empty(wp.capacity(100), dtype=torch.uint8, device="meta"), 100)
+    with pytest.raises(ValueError, match="CPU"):
+        wp.pack(words, torch.empty(wp.capacity(100), dtype=torch.uint8, device="meta"))
+
+
+@pytest.mark.skipif(not native_available(), reason="the compiled kernels are not built")
+def test_kernels_refuse_lengths_whose_room_would_overflow() -> None:
+    from host_agent.codec.cpu import native
+
+    with pytest.raises(ValueError, match="at most"):
+        native.pack(0, 2**62, 0, 2**62)
+    with pytest.raises(ValueError, match="out of range"):
+        native.unpack(0, 0, 2**62, 0, False)

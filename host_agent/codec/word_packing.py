@@ -43,9 +43,8 @@ def pack(words: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     _check_words(words)
     if out is None:
         out = torch.empty(capacity(words.numel()), dtype=torch.uint8)
-    if out.dtype != torch.uint8 or out.dim() != 1 or not out.is_contiguous() or out.numel() < capacity(
-            words.numel()):
-        raise ValueError(f"pack needs a contiguous uint8 buffer of {capacity(words.numel())} bytes")
+    if not _is_bytes(out) or out.numel() < capacity(words.numel()):
+        raise ValueError(f"pack needs a contiguous 1-D uint8 CPU buffer of {capacity(words.numel())} bytes")
     if native is not None:
         size = native.pack(words.data_ptr(), words.numel(), out.data_ptr(), out.numel())
         return out[:size]
@@ -55,10 +54,11 @@ def pack(words: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
 def unpack(packed: torch.Tensor, n: int, out: torch.Tensor | None = None, *,
            add: bool = False) -> torch.Tensor:
     """The ``n`` words ``packed`` holds, written to ``out`` (or a new tensor), or added to it mod 2^32
-    where ``add``. A buffer that does not hold ``n`` words in this layout raises AggregationError naming
-    the problem, and ``out`` is left as it was."""
-    if packed.dtype != torch.uint8 or packed.dim() != 1 or not packed.is_contiguous():
-        raise ValueError("unpack takes a contiguous 1-D uint8 tensor")
+    where ``add``. A buffer whose size disagrees with its block widths for ``n`` words, or with a width
+    over 32, raises AggregationError naming the problem, and ``out`` is left as it was (the padding bytes
+    and the last block's padding values are not checked: they change no word)."""
+    if not _is_bytes(packed):
+        raise ValueError("unpack takes a contiguous 1-D uint8 CPU tensor")
     if out is None:
         out = torch.zeros(n, dtype=torch.int32)
         add = False
@@ -101,6 +101,11 @@ def _payload_offset(blocks: int) -> int:
 def _malformed(packed: torch.Tensor, n: int) -> AggregationError:
     return AggregationError(f"a packed message of {packed.numel()} bytes does not hold {n} words: "
                             f"{_layout_problem(packed, n)}")
+
+
+def _is_bytes(buffer: torch.Tensor) -> bool:
+    cpu_bytes = buffer.dtype == torch.uint8 and buffer.device.type == "cpu"
+    return cpu_bytes and buffer.dim() == 1 and buffer.is_contiguous()
 
 
 def _check_words(words: torch.Tensor) -> None:

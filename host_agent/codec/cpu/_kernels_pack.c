@@ -19,9 +19,10 @@ static PyObject *py_pack(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "KLKL", &words, &n, &out, &capacity)) {
         return NULL;
     }
-    if (n < 0 || capacity < packed_capacity(n)) {
-        PyErr_Format(PyExc_ValueError, "pack: %lld words need %lld bytes of room, not %lld", n,
-                     (long long)packed_capacity(n), capacity);
+    if (n < 0 || n > PACK_MAX_WORDS || capacity < packed_capacity(n)) {
+        PyErr_Format(PyExc_ValueError, "pack: %lld words (at most %lld) need %lld bytes of room, not %lld", n,
+                     (long long)PACK_MAX_WORDS, n >= 0 && n <= PACK_MAX_WORDS ? (long long)packed_capacity(n) : -1LL,
+                     capacity);
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -40,8 +41,8 @@ static PyObject *py_unpack(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "KLLKp", &packed, &size, &n, &out, &add)) {
         return NULL;
     }
-    if (n < 0 || size < 0) {
-        PyErr_Format(PyExc_ValueError, "unpack: negative size %lld or length %lld", size, n);
+    if (n < 0 || n > PACK_MAX_WORDS || size < 0) {
+        PyErr_Format(PyExc_ValueError, "unpack: size %lld or length %lld out of range", size, n);
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS

@@ -193,6 +193,8 @@ int scan_quantize(const float *x, int64_t n, int scale, int32_t *out, int64_t *n
  * values, each block as wide as its widest value, and back. The layout is word_packing.py's docstring. */
 #define PACK_BLOCK_WORDS 32
 #define PACK_MAX_WIDTH 32
+/* The most words one call takes: far above any bucket, far below where a capacity overflows int64. */
+#define PACK_MAX_WORDS (1LL << 40)
 int64_t packed_capacity(int64_t n);
 int64_t pack_words(const int32_t *words, int64_t n, uint8_t *out);
 /* 1 when `packed` (size bytes) holds exactly n words (then written to out, or added to it mod 2^32 when
