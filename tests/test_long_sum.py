@@ -17,12 +17,13 @@ import torch
 
 from host_agent import long_sum
 from host_agent.codec import word_packing
+from host_agent.codec.arith import add_int32
 from host_agent.codec.cpu import native_available
 from host_agent.errors import AggregationError
 from host_agent.long_sum import KEPT, REFRESH_EVERY, TRIAL_SUMS, choose_packing, shard_bounds
 from host_agent.process_group import PACKED_ADD_MAX_WORDS, ProcessGroupBackend
 from lhc_ina.constants import Op
-from tests.harness.gloo import end_together, exact_sum, gloo_groups, in_threads, random_words
+from tests.harness.gloo import end_together, gloo_groups, in_threads, random_words
 
 REPO = Path(__file__).resolve().parent.parent
 CPU = torch.device("cpu")
@@ -65,7 +66,7 @@ def test_packed_sums_are_exact_at_every_bound(world: int, kernels: str, monkeypa
         lengths.append(block * 4096 * world + 33)
     per_rank = _sums(world, lengths, "always")
     for i, n in enumerate(lengths):
-        want = exact_sum([random_words(i, rank, n) for rank in range(world)])
+        want = add_int32([random_words(i, rank, n) for rank in range(world)])
         for rank in range(world):
             total, counters = per_rank[rank][i]
             assert torch.equal(total, want), (n, rank)
@@ -79,7 +80,7 @@ def test_packed_words_send_fewer_bytes_with_the_same_bits(packing: str) -> None:
     world, n = 3, 3 * PACKED_ADD_MAX_WORDS + 17
     for bits, most in ((20, 0.75), (32, 1.05)):
         per_rank = _sums(world, [n], packing, bits)
-        want = exact_sum([random_words(0, rank, n, bits) for rank in range(world)])
+        want = add_int32([random_words(0, rank, n, bits) for rank in range(world)])
         for rank in range(world):
             total, counters = per_rank[rank][0]
             assert torch.equal(total, want), (bits, rank)
@@ -138,7 +139,7 @@ def test_measured_sums_are_exact_and_every_rank_takes_the_way_the_votes_give(mon
     finally:
         end_together(groups)
     for i in range(sums):
-        want = exact_sum([random_words(i, rank, n) for rank in range(world)])
+        want = add_int32([random_words(i, rank, n) for rank in range(world)])
         ways = set()
         for rank in range(world):
             total, counters = per_rank[rank][i]

@@ -23,6 +23,7 @@ import torch
 
 from host_agent.errors import AggregationError
 
+from .arith import wrap_int32
 from .cpu import native
 
 #: Words per block (``PACK_BLOCK_WORDS`` in cpu/kernels.h): 32 zigzag values of width w fill w whole words.
@@ -73,7 +74,7 @@ def unpack(packed: torch.Tensor, n: int, out: torch.Tensor | None = None, *,
         raise _malformed(packed, n)
     values = _unpack_torch(packed, n)
     if add:
-        out.copy_(_wrap(out.to(torch.int64) + values))
+        out.copy_(wrap_int32(out.to(torch.int64) + values))
     else:
         out.copy_(values.to(torch.int32))
     return out
@@ -171,8 +172,3 @@ def _unpack_torch(packed: torch.Tensor, n: int) -> torch.Tensor:
         parts.append(unzigzag((bits << bit).sum(-1)).view(-1))
     return torch.cat(parts)[:n] if parts else torch.zeros(0, dtype=torch.int64)
 
-
-def _wrap(values: torch.Tensor) -> torch.Tensor:
-    """int64 values mod 2^32 as int32 (two's complement)."""
-    values = values & 0xFFFFFFFF
-    return (values - ((values >> 31) << 32)).to(torch.int32)

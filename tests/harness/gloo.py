@@ -42,12 +42,6 @@ def end_together(groups: list[dist.ProcessGroup]) -> None:
     in_threads(lambda rank: groups[rank].barrier().wait(), len(groups))
 
 
-def exact_sum(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The int32 sum mod 2^32 of ``parts``."""
-    out = sum(part.to(torch.int64) for part in parts) & 0xFFFFFFFF
-    return (out - ((out >> 31) << 32)).to(torch.int32)
-
-
 def random_words(seed: int, rank: int, length: int, bits: int = 32) -> torch.Tensor:
     """Rank ``rank``'s words: full-width (wrapping when summed) or below 2^bits in magnitude."""
     g = torch.Generator().manual_seed(seed * 1009 + rank)
