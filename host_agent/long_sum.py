@@ -10,13 +10,14 @@ a ring allreduce moves every word 2(W - 1)/W times. The packed sum moves the sam
 2. **all-gather**: each rank packs its summed shard; the sizes go round, then one all-gather of the
    packed shards (padded to the largest), which every rank unpacks into place.
 
-Packing costs CPU (about 3.3 ns per word per rank here, all passes) and saves bytes (21-32% on VGG19's
-and BERT-base's gradients), so it wins on a slow link and loses where bytes are cheap (on loopback it
-was 2x slower than one allreduce). Hence ``packing="measured"``: before each sum of at least
-:data:`MIN_MEASURED_WORDS` the ranks agree which way it goes, in one all-to-all of what each measured
-(:func:`choose_packing`): the first :data:`TRIAL_SUMS` alternate the two ways, then the faster per word
-(each rank's fastest of its last :data:`KEPT` of each way, summed over the ranks) takes the sums, and
-every :data:`REFRESH_EVERY`-th goes the other way to measure it again.
+Packing costs CPU (about 3.3 ns per word per rank: 2.5 passes of the ~1.3 ns a timing script measured
+for one) and saves bytes (21-32% on VGG19's and BERT-base's gradients), so it wins on a slow link and
+loses where bytes are cheap (on loopback it was 2x slower than one allreduce). Hence
+``packing="measured"``: before each sum of at least :data:`MIN_MEASURED_WORDS` the ranks agree which way
+it goes, in one all-to-all of what each measured (:func:`choose_packing`): the first :data:`TRIAL_SUMS`
+alternate the two ways, then the faster per word (each rank's fastest of its last :data:`KEPT` of each
+way, summed over the ranks) takes the sums, and every :data:`REFRESH_EVERY`-th goes the other way to
+measure it again.
 
 The collectives run one after another on a thread of this object's own, so the agent's thread goes on
 (encoding the next bucket) while they do; the agent issues no other collective before the sum's future

@@ -117,7 +117,7 @@ class ProcessGroupBackend(Backend):
         self._long_sums = LongSum(group, packing) if on_gloo else None
 
     def reduce(self, op: Op, words: torch.Tensor) -> Future[torch.Tensor]:
-        self._settle()
+        self._check_settled()
         words = self._host_words(words)
         if op == Op.ADD:
             return self._all_reduce(words.clone(), dist.ReduceOp.SUM, lambda t: t)
@@ -141,7 +141,7 @@ class ProcessGroupBackend(Backend):
         agreement message came first), and so is which are scratch (the codec's own words, by mode and
         dtype). The long scratch ADDs go last, after every other collective of the round is issued: their
         packed sums issue theirs from another thread."""
-        self._settle()
+        self._check_settled()
         scratch = list(scratch) + [False] * (len(messages) - len(scratch))
         alone = [op == Op.ADD and spare and words.numel() > PACKED_ADD_MAX_WORDS and self._as_is(words)
                  for (op, words), spare in zip(messages, scratch, strict=True)]
@@ -173,7 +173,7 @@ class ProcessGroupBackend(Backend):
             return self._long_sums.start(words)
         return self._all_reduce(words, dist.ReduceOp.SUM, lambda t: t)
 
-    def _settle(self) -> None:
+    def _check_settled(self) -> None:
         """Refuse to issue a collective while a long sum's are still in flight (``LongSum.check_settled``)."""
         if self._long_sums is not None:
             self._long_sums.check_settled()
